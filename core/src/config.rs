@@ -1,0 +1,583 @@
+//! Typed plugin configuration: the JSON Envoy passes as the wasm plugin's
+//! `configuration`, parsed with defaults, unknown fields rejected, then
+//! checked semantically. Every error names the field, the value and the
+//! reason, so Envoy's log says exactly what to fix. `docs/CONFIG.md` is the
+//! user-facing reference and must list every field here with its default.
+
+use crate::endpoint::Endpoint;
+use serde::Deserialize;
+use std::fmt;
+
+/// The whole plugin configuration.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The pool: model-server endpoints (`ip:port`). The only hosts kvroute
+    /// ever routes to.
+    pub endpoints: Vec<Endpoint>,
+    /// Request header that carries the chosen endpoint to Envoy's
+    /// ORIGINAL_DST cluster. Client copies are always removed first.
+    pub destination_header: String,
+    /// Largest request body kvroute buffers and parses; larger bodies are
+    /// routed by load alone. Envoy's own buffer limits must be at least this.
+    pub max_body_bytes: usize,
+    /// Envoy cluster used for `/metrics` scrapes (the upstream cluster).
+    pub upstream_cluster: String,
+    /// When set, a response header of this name explains each decision.
+    pub debug_header: Option<String>,
+    /// Scraping of the endpoints' `/metrics`.
+    pub metrics: MetricsConfig,
+    /// Prompt hashing and the prefix index.
+    pub prefix: PrefixConfig,
+    /// Filters, scorer weights and picker.
+    pub scheduling: SchedulingConfig,
+    /// State shared across Envoy workers.
+    pub shared: SharedConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            endpoints: Vec::new(),
+            destination_header: "x-kvroute-destination".into(),
+            max_body_bytes: 8 * 1024 * 1024,
+            upstream_cluster: "kvroute_upstream".into(),
+            debug_header: None,
+            metrics: MetricsConfig::default(),
+            prefix: PrefixConfig::default(),
+            scheduling: SchedulingConfig::default(),
+            shared: SharedConfig::default(),
+        }
+    }
+}
+
+/// Which metric names a scrape is read with.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// Detect from the names present (vLLM, SGLang, TensorRT-LLM).
+    Auto,
+    /// vLLM (`vllm:*`).
+    Vllm,
+    /// SGLang (`sglang:*`).
+    Sglang,
+    /// TensorRT-LLM serve (`trtllm_*`).
+    Trtllm,
+    /// Only the names given in `metrics.names`.
+    Custom,
+}
+
+/// Metric names for engines kvroute does not know (or to override one).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricNames {
+    /// Gauge of requests waiting in the queue.
+    pub waiting: Option<String>,
+    /// Gauge of requests running.
+    pub running: Option<String>,
+    /// Gauge of KV-cache utilization.
+    pub kv_usage: Option<String>,
+    /// Multiplier that brings `kv_usage` to 0..1 (0.01 for a percentage).
+    pub kv_usage_scale: Option<f64>,
+}
+
+/// `metrics.*`: how and how often endpoints are scraped.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Path scraped on every endpoint.
+    pub path: String,
+    /// Scrape period; exactly one scraper across all workers.
+    pub scrape_interval_ms: u64,
+    /// Timeout of one scrape.
+    pub scrape_timeout_ms: u64,
+    /// A snapshot older than this is not trusted as fresh.
+    pub stale_after_ms: u64,
+    /// Consecutive failed scrapes after which an endpoint leaves the
+    /// candidate set (until a scrape succeeds again).
+    pub unhealthy_after_failures: u32,
+    /// Metric-name profile.
+    pub engine: Engine,
+    /// Names for `engine: custom`, or overrides for a known engine.
+    pub names: MetricNames,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            path: "/metrics".into(),
+            scrape_interval_ms: 50,
+            scrape_timeout_ms: 1000,
+            stale_after_ms: 2000,
+            unhealthy_after_failures: 3,
+            engine: Engine::Auto,
+            names: MetricNames::default(),
+        }
+    }
+}
+
+/// `prefix.*`: how prompts become chained block hashes, and the index bound.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefixConfig {
+    /// Tokens per hashed block.
+    pub block_tokens: usize,
+    /// Approximate bytes per token (the filter does not tokenize).
+    pub bytes_per_token: usize,
+    /// Only the first this-many tokens of a prompt are hashed.
+    pub max_prompt_tokens: usize,
+    /// Blocks remembered per endpoint (LRU beyond it).
+    pub capacity_blocks: usize,
+    /// Follow `vllm:cache_config_info` (block_size x num_gpu_blocks) when an
+    /// endpoint reports it, instead of `capacity_blocks`.
+    pub follow_engine_capacity: bool,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        PrefixConfig {
+            block_tokens: 64,
+            bytes_per_token: 4,
+            max_prompt_tokens: 1 << 20,
+            capacity_blocks: 31_250,
+            follow_engine_capacity: true,
+        }
+    }
+}
+
+impl PrefixConfig {
+    /// Bytes of canonical prompt text per block.
+    pub fn block_bytes(&self) -> usize {
+        self.block_tokens * self.bytes_per_token
+    }
+
+    /// Most blocks one request is hashed into.
+    pub fn max_blocks(&self) -> usize {
+        self.max_prompt_tokens / self.block_tokens
+    }
+}
+
+/// Which scheduling profile runs.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Profile {
+    /// Weighted sum of all scorers, then max-score picker (llm-d's default
+    /// scorer profile, plus kvroute's in-flight scorers).
+    Weighted,
+    /// Prefix-affinity filter with a load gate, then load scorers (the shape
+    /// of llm-d's optimized-baseline profile).
+    AffinityGate,
+}
+
+/// Scorer weights. A weight of 0 disables the scorer.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Weights {
+    /// Longest cached prefix, as a fraction of the request.
+    pub prefix: f64,
+    /// Queue depth (waiting requests), min-max normalized.
+    pub queue: f64,
+    /// 1 - KV-cache utilization.
+    pub kv_cache: f64,
+    /// Requests kvroute has in flight to the endpoint.
+    pub inflight_requests: f64,
+    /// Uncached prompt tokens kvroute expects the endpoint still to prefill.
+    pub inflight_tokens: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            prefix: 3.0,
+            queue: 2.0,
+            kv_cache: 2.0,
+            inflight_requests: 1.0,
+            inflight_tokens: 1.0,
+        }
+    }
+}
+
+/// `scheduling.*`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulingConfig {
+    /// Profile to run.
+    pub profile: Profile,
+    /// Scorer weights.
+    pub weights: Weights,
+    /// Affinity filter: keep endpoints whose prefix score is at least this.
+    pub affinity_threshold: f64,
+    /// Affinity filter load gate: ignore affinity when the sticky endpoints'
+    /// queue exceeds the least loaded endpoint's by more than this.
+    pub gate_max_queue_excess: f64,
+    /// RNG seed for tie-breaks (random per VM when absent).
+    pub seed: Option<u64>,
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> Self {
+        SchedulingConfig {
+            profile: Profile::Weighted,
+            weights: Weights::default(),
+            affinity_threshold: 0.8,
+            gate_max_queue_excess: 8.0,
+            seed: None,
+        }
+    }
+}
+
+/// `shared.*`: bounds of the proxy-wasm shared data kvroute uses.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedConfig {
+    /// Prefix of every shared-data key (Istio plugins share one namespace).
+    pub key_prefix: String,
+    /// Slots of the decision log that replicates prefix learning across
+    /// workers (a ring: older decisions are overwritten).
+    pub log_slots: u32,
+}
+
+impl Default for SharedConfig {
+    fn default() -> Self {
+        SharedConfig {
+            key_prefix: "kvroute/".into(),
+            log_slots: 512,
+        }
+    }
+}
+
+/// A configuration error naming the field, the value and the reason.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigError {
+    /// Dotted path of the bad field (`metrics.scrape_interval_ms`).
+    pub field: String,
+    /// The offending value, as written or as understood.
+    pub value: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid kvroute config: field `{}` = {}: {}",
+            self.field, self.value, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(field: &str, value: impl fmt::Display, reason: &str) -> ConfigError {
+    ConfigError {
+        field: field.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl Config {
+    /// Parses and validates the plugin configuration. Empty input means all
+    /// defaults (which then fails validation: `endpoints` is required).
+    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| err("(config)", "<bytes>", "configuration is not UTF-8"))?;
+        let config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            let de = &mut serde_json::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." { "(config)".into() } else { path };
+                ConfigError {
+                    field,
+                    value: "(see reason)".into(),
+                    reason: e.into_inner().to_string(),
+                }
+            })?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Semantic checks that the schema cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.endpoints.is_empty() {
+            return Err(err(
+                "endpoints",
+                "[]",
+                "at least one ip:port endpoint is required",
+            ));
+        }
+        if self.endpoints.len() > 1024 {
+            return Err(err(
+                "endpoints",
+                self.endpoints.len(),
+                "at most 1024 endpoints",
+            ));
+        }
+        for (i, a) in self.endpoints.iter().enumerate() {
+            if self.endpoints[..i].contains(a) {
+                return Err(err(&format!("endpoints[{i}]"), a, "listed twice"));
+            }
+        }
+        check_header_name("destination_header", &self.destination_header)?;
+        if let Some(h) = &self.debug_header {
+            check_header_name("debug_header", h)?;
+            if h.eq_ignore_ascii_case(&self.destination_header) {
+                return Err(err(
+                    "debug_header",
+                    h,
+                    "must differ from destination_header",
+                ));
+            }
+        }
+        if self.max_body_bytes < 1024 || self.max_body_bytes > 256 << 20 {
+            return Err(err(
+                "max_body_bytes",
+                self.max_body_bytes,
+                "must be 1024..=268435456",
+            ));
+        }
+        if self.upstream_cluster.trim().is_empty() {
+            return Err(err(
+                "upstream_cluster",
+                "\"\"",
+                "must name an Envoy cluster",
+            ));
+        }
+        let m = &self.metrics;
+        if !m.path.starts_with('/') || m.path.chars().any(|c| c.is_control() || c == ' ') {
+            return Err(err(
+                "metrics.path",
+                &m.path,
+                "must be an absolute path without spaces",
+            ));
+        }
+        if !(10..=60_000).contains(&m.scrape_interval_ms) {
+            return Err(err(
+                "metrics.scrape_interval_ms",
+                m.scrape_interval_ms,
+                "must be 10..=60000",
+            ));
+        }
+        if !(1..=60_000).contains(&m.scrape_timeout_ms) {
+            return Err(err(
+                "metrics.scrape_timeout_ms",
+                m.scrape_timeout_ms,
+                "must be 1..=60000",
+            ));
+        }
+        if m.stale_after_ms < m.scrape_interval_ms {
+            return Err(err(
+                "metrics.stale_after_ms",
+                m.stale_after_ms,
+                "must be at least metrics.scrape_interval_ms",
+            ));
+        }
+        if m.unhealthy_after_failures == 0 {
+            return Err(err(
+                "metrics.unhealthy_after_failures",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if m.engine == Engine::Custom
+            && (m.names.waiting.is_none()
+                && m.names.running.is_none()
+                && m.names.kv_usage.is_none())
+        {
+            return Err(err(
+                "metrics.names",
+                "{}",
+                "engine `custom` needs at least one metric name",
+            ));
+        }
+        if let Some(s) = m.names.kv_usage_scale {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(err(
+                    "metrics.names.kv_usage_scale",
+                    s,
+                    "must be a positive number",
+                ));
+            }
+        }
+        let p = &self.prefix;
+        if !(1..=4096).contains(&p.block_tokens) {
+            return Err(err(
+                "prefix.block_tokens",
+                p.block_tokens,
+                "must be 1..=4096",
+            ));
+        }
+        if !(1..=16).contains(&p.bytes_per_token) {
+            return Err(err(
+                "prefix.bytes_per_token",
+                p.bytes_per_token,
+                "must be 1..=16",
+            ));
+        }
+        if p.max_prompt_tokens < p.block_tokens {
+            return Err(err(
+                "prefix.max_prompt_tokens",
+                p.max_prompt_tokens,
+                "must be at least prefix.block_tokens",
+            ));
+        }
+        if !(1..=10_000_000).contains(&p.capacity_blocks) {
+            return Err(err(
+                "prefix.capacity_blocks",
+                p.capacity_blocks,
+                "must be 1..=10000000",
+            ));
+        }
+        let s = &self.scheduling;
+        let w = &s.weights;
+        for (name, v) in [
+            ("scheduling.weights.prefix", w.prefix),
+            ("scheduling.weights.queue", w.queue),
+            ("scheduling.weights.kv_cache", w.kv_cache),
+            ("scheduling.weights.inflight_requests", w.inflight_requests),
+            ("scheduling.weights.inflight_tokens", w.inflight_tokens),
+        ] {
+            if !(v.is_finite() && (0.0..=1000.0).contains(&v)) {
+                return Err(err(name, v, "must be a number in 0..=1000"));
+            }
+        }
+        if w.prefix + w.queue + w.kv_cache + w.inflight_requests + w.inflight_tokens <= 0.0 {
+            return Err(err(
+                "scheduling.weights",
+                "all 0",
+                "at least one weight must be positive",
+            ));
+        }
+        if !(s.affinity_threshold.is_finite() && (0.0..=1.0).contains(&s.affinity_threshold)) {
+            return Err(err(
+                "scheduling.affinity_threshold",
+                s.affinity_threshold,
+                "must be 0..=1",
+            ));
+        }
+        if !(s.gate_max_queue_excess.is_finite() && s.gate_max_queue_excess >= 0.0) {
+            return Err(err(
+                "scheduling.gate_max_queue_excess",
+                s.gate_max_queue_excess,
+                "must be >= 0",
+            ));
+        }
+        if self.shared.key_prefix.is_empty() || self.shared.key_prefix.len() > 64 {
+            return Err(err(
+                "shared.key_prefix",
+                &self.shared.key_prefix,
+                "must be 1..=64 bytes",
+            ));
+        }
+        if !(16..=65_536).contains(&self.shared.log_slots) {
+            return Err(err(
+                "shared.log_slots",
+                self.shared.log_slots,
+                "must be 16..=65536",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Header names must be lowercase HTTP tokens and not pseudo or hop-by-hop.
+fn check_header_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    let token = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if !token {
+        return Err(err(
+            field,
+            name,
+            "must be a non-empty lowercase header name ([a-z0-9_-])",
+        ));
+    }
+    const RESERVED: [&str; 8] = [
+        "host",
+        "connection",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "keep-alive",
+    ];
+    if RESERVED.contains(&name) {
+        return Err(err(field, name, "must not be a standard HTTP header"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn parse(json: &str) -> Result<Config, ConfigError> {
+        Config::from_json(json.as_bytes())
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse(r#"{"endpoints":["127.0.0.1:8001","127.0.0.1:8002"]}"#).unwrap();
+        assert_eq!(c.endpoints.len(), 2);
+        assert_eq!(c.destination_header, "x-kvroute-destination");
+        assert_eq!(c.metrics.scrape_interval_ms, 50);
+        assert_eq!(c.prefix.block_bytes(), 256);
+        assert_eq!(c.scheduling.weights.prefix, 3.0);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            ("{}", "endpoints"),
+            (r#"{"endpoints":["localhost:80"]}"#, "endpoints[0]"),
+            (
+                r#"{"endpoints":["1.2.3.4:80","1.2.3.4:80"]}"#,
+                "endpoints[1]",
+            ),
+            (r#"{"endpoints":["1.2.3.4:80"],"bogus":1}"#, "bogus"),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"metrics":{"scrape_interval_ms":"x"}}"#,
+                "metrics.scrape_interval_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"metrics":{"scrape_interval_ms":1}}"#,
+                "metrics.scrape_interval_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"destination_header":"Host"}"#,
+                "destination_header",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"weights":{"queue":-1}}}"#,
+                "scheduling.weights.queue",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"profile":"nope"}}"#,
+                "scheduling.profile",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"prefix":{"block_tokens":0}}"#,
+                "prefix.block_tokens",
+            ),
+            ("not json", "(config)"),
+        ];
+        for (json, field) in cases {
+            let e = parse(json).unwrap_err();
+            assert_eq!(e.field, field, "{json}: {e}");
+            assert!(e.to_string().contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn non_utf8_is_an_error_not_a_panic() {
+        assert!(Config::from_json(&[0xff, 0xfe]).is_err());
+    }
+}

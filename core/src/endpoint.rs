@@ -1,0 +1,103 @@
+//! The one word for "a model server kvroute can route to": an *endpoint*,
+//! always a literal `ip:port` (what Envoy's ORIGINAL_DST cluster and the
+//! `override_host` policy accept). Parsing is strict so that nothing a client
+//! or a config could write ever becomes an upstream that is not a socket
+//! address.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+/// A model-server endpoint: a socket address, printed as `ip:port`
+/// (`[v6]:port` for IPv6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint(SocketAddr);
+
+impl Endpoint {
+    /// Wraps a socket address.
+    pub fn new(addr: SocketAddr) -> Self {
+        Endpoint(addr)
+    }
+
+    /// The socket address.
+    pub fn addr(&self) -> SocketAddr {
+        self.0
+    }
+}
+
+/// Why a string is not an endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointParseError(pub String);
+
+impl fmt::Display for EndpointParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} is not an ip:port endpoint", self.0)
+    }
+}
+
+impl std::error::Error for EndpointParseError {}
+
+impl FromStr for Endpoint {
+    type Err = EndpointParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let addr: SocketAddr = s
+            .trim()
+            .parse()
+            .map_err(|_| EndpointParseError(s.to_string()))?;
+        if addr.port() == 0 {
+            return Err(EndpointParseError(s.to_string()));
+        }
+        Ok(Endpoint(addr))
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl serde::Serialize for Endpoint {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Endpoint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn parses_v4_and_v6() {
+        let e: Endpoint = "127.0.0.1:8000".parse().unwrap();
+        assert_eq!(e.to_string(), "127.0.0.1:8000");
+        let e: Endpoint = "[::1]:9000".parse().unwrap();
+        assert_eq!(e.to_string(), "[::1]:9000");
+    }
+
+    #[test]
+    fn rejects_names_ports_and_junk() {
+        for bad in [
+            "localhost:8000",
+            "evil.example.com:80",
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:99999",
+            "",
+            "127.0.0.1:80,10.0.0.1:80",
+            "127.0.0.1:80/x",
+        ] {
+            assert!(bad.parse::<Endpoint>().is_err(), "{bad} accepted");
+        }
+    }
+}

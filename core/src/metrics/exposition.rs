@@ -1,0 +1,1 @@
+//! Prometheus text exposition parser. STUB.

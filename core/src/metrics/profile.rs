@@ -1,0 +1,1 @@
+//! Engine metric-name profiles. STUB.

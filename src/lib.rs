@@ -1,0 +1,1 @@
+//! kvroute: the proxy-wasm shell. STUB.
