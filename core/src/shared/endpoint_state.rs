@@ -1,0 +1,134 @@
+//! What the scraper learned about every endpoint, as one shared-data value
+//! all workers read on their tick: the latest snapshot, when it was taken,
+//! and how many scrapes in a row have failed (the health signal).
+
+use crate::endpoint::Endpoint;
+use crate::metrics::MetricsSnapshot;
+use serde::{Deserialize, Serialize};
+
+/// Scrape state of one endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScrapeState {
+    /// Latest successfully read snapshot.
+    pub snapshot: Option<MetricsSnapshot>,
+    /// When `snapshot` was taken (wall-clock ms).
+    pub scraped_at_ms: u64,
+    /// Failed scrapes since the last success.
+    pub failures: u32,
+}
+
+impl ScrapeState {
+    /// The snapshot if it is younger than `stale_after_ms` at `now_ms`.
+    pub fn fresh(&self, now_ms: u64, stale_after_ms: u64) -> Option<MetricsSnapshot> {
+        let age = now_ms.saturating_sub(self.scraped_at_ms);
+        self.snapshot.filter(|_| age < stale_after_ms)
+    }
+
+    /// Healthy unless `threshold` or more scrapes in a row failed.
+    pub fn healthy(&self, threshold: u32) -> bool {
+        self.failures < threshold
+    }
+}
+
+/// Scrape state of the whole pool, keyed by endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointStates {
+    /// One entry per endpoint ever scraped and still in the pool.
+    pub entries: Vec<(Endpoint, ScrapeState)>,
+}
+
+impl EndpointStates {
+    /// The state of `endpoint` (default when never scraped).
+    pub fn get(&self, endpoint: Endpoint) -> ScrapeState {
+        self.entries
+            .iter()
+            .find(|(e, _)| *e == endpoint)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Records a successful scrape.
+    pub fn succeed(&mut self, endpoint: Endpoint, snapshot: MetricsSnapshot, now_ms: u64) {
+        let s = self.entry(endpoint);
+        s.snapshot = Some(snapshot);
+        s.scraped_at_ms = now_ms;
+        s.failures = 0;
+    }
+
+    /// Records a failed scrape; returns the failure streak.
+    pub fn fail(&mut self, endpoint: Endpoint) -> u32 {
+        let s = self.entry(endpoint);
+        s.failures = s.failures.saturating_add(1);
+        s.failures
+    }
+
+    /// Drops endpoints that left the pool (keeps the value bounded).
+    pub fn retain(&mut self, pool: &[Endpoint]) {
+        self.entries.retain(|(e, _)| pool.contains(e));
+    }
+
+    fn entry(&mut self, endpoint: Endpoint) -> &mut ScrapeState {
+        let i = match self.entries.iter().position(|(e, _)| *e == endpoint) {
+            Some(i) => i,
+            None => {
+                self.entries.push((endpoint, ScrapeState::default()));
+                self.entries.len() - 1
+            }
+        };
+        &mut self.entries[i].1
+    }
+
+    /// JSON encoding (small: one entry per endpoint).
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes [`EndpointStates::encode`]'s output; garbage gives `None`.
+    pub fn decode(bytes: &[u8]) -> Option<EndpointStates> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn ep(s: &str) -> Endpoint {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn success_failure_freshness_and_health() {
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:8000");
+        let snap = MetricsSnapshot { waiting: 3.0, ..Default::default() };
+        t.succeed(a, snap, 1_000);
+        assert_eq!(t.get(a).fresh(2_999, 2_000), Some(snap));
+        assert_eq!(t.get(a).fresh(3_000, 2_000), None);
+        assert!(t.get(a).healthy(3));
+        assert_eq!(t.fail(a), 1);
+        assert_eq!(t.fail(a), 2);
+        assert!(t.get(a).healthy(3));
+        assert_eq!(t.fail(a), 3);
+        assert!(!t.get(a).healthy(3));
+        t.succeed(a, snap, 5_000);
+        assert!(t.get(a).healthy(3));
+        // never scraped: healthy, no snapshot
+        assert!(t.get(ep("10.0.0.2:8000")).healthy(3));
+        assert_eq!(t.get(ep("10.0.0.2:8000")).snapshot, None);
+    }
+
+    #[test]
+    fn codec_and_retain() {
+        let mut t = EndpointStates::default();
+        t.fail(ep("10.0.0.1:8000"));
+        t.succeed(ep("[::1]:9000"), MetricsSnapshot::default(), 7);
+        let back = EndpointStates::decode(&t.encode()).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(EndpointStates::decode(b"\xff garbage"), None);
+        t.retain(&[ep("[::1]:9000")]);
+        assert_eq!(t.entries.len(), 1);
+    }
+}
