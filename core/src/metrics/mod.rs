@@ -1,5 +1,11 @@
-//! Load awareness: Prometheus text from an endpoint's `/metrics` becomes a
-//! [`MetricsSnapshot`]. STUB: contract only.
+//! Load awareness: the Prometheus text of an endpoint's `/metrics` becomes
+//! a [`MetricsSnapshot`].
+//!
+//! - [`exposition`]: a zero-copy, never-panicking text-format parser that
+//!   skips unwanted families after reading only their name.
+//! - [`profile`]: which names each engine (vLLM, SGLang, TensorRT-LLM,
+//!   custom, auto-detected) uses, and how several series are aggregated.
+//! - [`snapshot`]: the result.
 
 pub mod exposition;
 pub mod profile;
@@ -8,12 +14,42 @@ pub mod snapshot;
 pub use snapshot::MetricsSnapshot;
 
 use crate::config::MetricsConfig;
+use std::fmt;
 
-/// Why a scrape could not be read.
+/// Why a scrape could not be read (names the metrics that were looked for).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetricsError(pub String);
 
+impl fmt::Display for MetricsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unreadable metrics: {}", self.0)
+    }
+}
+
+impl std::error::Error for MetricsError {}
+
 /// Reads a scrape into a snapshot with the configured engine profile.
-pub fn read_snapshot(_text: &str, _cfg: &MetricsConfig) -> Result<MetricsSnapshot, MetricsError> {
-    Err(MetricsError("stub".into()))
+pub fn read_snapshot(text: &str, cfg: &MetricsConfig) -> Result<MetricsSnapshot, MetricsError> {
+    profile::read(text, cfg).map(|(s, _)| s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn read_snapshot_uses_the_config() {
+        let text = include_str!(
+            "../../../tests/fixtures/metrics/sglang-docs-production-metrics-llama3.1-8b.txt"
+        );
+        let s = read_snapshot(text, &MetricsConfig::default()).unwrap();
+        assert_eq!(
+            (s.waiting, s.running, s.kv_usage),
+            (2826.0, 162.0, Some(0.28))
+        );
+        let e = read_snapshot("nothing 1\n", &MetricsConfig::default()).unwrap_err();
+        assert!(e.to_string().starts_with("unreadable metrics"));
+    }
 }
