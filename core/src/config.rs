@@ -191,7 +191,10 @@ impl Default for Weights {
             prefix: 3.0,
             queue: 2.0,
             kv_cache: 2.0,
-            inflight_requests: 1.0,
+            // kvroute's own load between scrapes: 2 so that queue (2) plus
+            // in-flight requests (2) can outweigh a full prefix match (3)
+            // once an endpoint is clearly overloaded (see scheduler docs).
+            inflight_requests: 2.0,
             inflight_tokens: 1.0,
         }
     }
@@ -212,6 +215,18 @@ pub struct SchedulingConfig {
     pub gate_max_queue_excess: f64,
     /// RNG seed for tie-breaks (random per VM when absent).
     pub seed: Option<u64>,
+    /// Smallest spread (in requests) the queue and in-flight-requests
+    /// scorers normalize over: score = 1 - (x - min) / max(max - min, this).
+    /// 0 gives llm-d's pure min-max, where a 1-request difference already
+    /// swings the whole weight.
+    pub min_range_requests: f64,
+    /// Smallest spread (in prompt tokens) the in-flight-tokens scorer
+    /// normalizes over.
+    pub min_range_tokens: f64,
+    /// Cold requests (no prefix match anywhere): endpoints within this
+    /// fraction of the total weight of the best score count as equal, and
+    /// the least recently picked of them wins.
+    pub cold_margin: f64,
 }
 
 impl Default for SchedulingConfig {
@@ -222,6 +237,9 @@ impl Default for SchedulingConfig {
             affinity_threshold: 0.8,
             gate_max_queue_excess: 8.0,
             seed: None,
+            min_range_requests: 4.0,
+            min_range_tokens: 4096.0,
+            cold_margin: 0.05,
         }
     }
 }
@@ -466,6 +484,15 @@ impl Config {
                 "must be >= 0",
             ));
         }
+        for (name, v, max) in [
+            ("scheduling.min_range_requests", s.min_range_requests, 1e6),
+            ("scheduling.min_range_tokens", s.min_range_tokens, 1e9),
+            ("scheduling.cold_margin", s.cold_margin, 1.0),
+        ] {
+            if !(v.is_finite() && (0.0..=max).contains(&v)) {
+                return Err(err(name, v, &format!("must be a number in 0..={max}")));
+            }
+        }
         if self.shared.key_prefix.is_empty() || self.shared.key_prefix.len() > 64 {
             return Err(err(
                 "shared.key_prefix",
@@ -531,6 +558,15 @@ mod tests {
         assert_eq!(c.metrics.scrape_interval_ms, 50);
         assert_eq!(c.prefix.block_bytes(), 256);
         assert_eq!(c.scheduling.weights.prefix, 3.0);
+        assert_eq!(c.scheduling.weights.inflight_requests, 2.0);
+        assert_eq!(c.scheduling.min_range_requests, 4.0);
+        assert_eq!(c.scheduling.min_range_tokens, 4096.0);
+        assert_eq!(c.scheduling.cold_margin, 0.05);
+        let c = parse(
+            r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.scheduling.min_range_requests, 0.0);
     }
 
     #[test]
@@ -566,6 +602,18 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"prefix":{"block_tokens":0}}"#,
                 "prefix.block_tokens",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":-1}}"#,
+                "scheduling.min_range_requests",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_tokens":1e12}}"#,
+                "scheduling.min_range_tokens",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"cold_margin":2}}"#,
+                "scheduling.cold_margin",
             ),
             ("not json", "(config)"),
         ];
