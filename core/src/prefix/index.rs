@@ -1,29 +1,452 @@
-//! Which endpoint was sent which blocks. STUB: contract only.
+//! Which endpoint was sent which blocks: kvroute's model of every engine's
+//! prefix cache, learned from its own decisions (and replayed from other
+//! workers' decision logs), bounded per endpoint with LRU.
+//!
+//! # Layout
+//!
+//! One slab of nodes, one node per (endpoint, block) held. Each node is on
+//! two intrusive lists:
+//!
+//! - its endpoint's **LRU list** (doubly linked: touch and evict are O(1));
+//! - its block's **holder chain** (singly linked from `heads[block]`): the
+//!   endpoints holding that block.
+//!
+//! ```text
+//! heads: block hash -> first node of its holder chain   (one map entry per distinct block)
+//! node:  { block, endpoint slot, lru prev/next, next holder }   24 bytes
+//! ```
+//!
+//! # Semantics and cost
+//!
+//! `longest_prefix(b)` gives, for every endpoint holding `b[0]`, the number
+//! `k` of *consecutive leading* blocks it holds (`b[0..k]`; an engine cannot
+//! reuse block `i` without blocks `0..i`). It walks the holder chains of
+//! `b[0]`, `b[1]`, ... and stops at the first block that no still-matching
+//! endpoint holds, so the cost is O(matched blocks x endpoints holding them),
+//! never O(all endpoints x all blocks).
+//!
+//! `record(e, b)` touches `b` from last to first, so the head of a prompt is
+//! more recent than its tail and eviction (from the LRU end) drops the
+//! *tails* of old prefixes before their heads: a cache that keeps blocks
+//! `0..k` still matches, one that keeps `k..n` does not. Only the first
+//! `capacity` blocks of a request are recorded (the rest would evict its own
+//! head). Holder checks walk a chain (O(holders) per block), which is what
+//! keeps the memory at one map for all endpoints.
+//!
+//! # Memory
+//!
+//! At most `capacity` nodes per endpoint (clamped to [`MAX_CAPACITY`]) and
+//! at most [`MAX_ENDPOINTS`] endpoints: 24 bytes per node plus one `heads`
+//! entry (16 bytes + 1 control byte, at hashbrown's 44-87% load) per
+//! distinct block, so about 43-63 bytes per indexed block when blocks are
+//! not shared (default 31250 blocks: ~1.3-2 MB per endpoint). The slab keeps
+//! its high-water mark; freed nodes are reused.
+//!
+//! Keys are already xxh3 outputs, uniformly distributed, so the block map
+//! uses an identity hasher (`write_u64` returns the key): hashing them again
+//! would cost time and add nothing. (A client that brute-forces block hashes
+//! with equal low bits could lengthen probe sequences; that costs it about
+//! 2^(table bits) hashes per block and only slows lookups, and any unkeyed
+//! hasher such as FNV would be exactly as exposed.)
 
 use crate::endpoint::Endpoint;
+use hashbrown::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Most endpoints the index tracks; `record`/`set_capacity` for a new
+/// endpoint beyond it are ignored (the pool is at most 1024).
+pub const MAX_ENDPOINTS: usize = 4096;
+
+/// Largest per-endpoint capacity honoured (the config's own upper bound);
+/// larger values, e.g. from an engine's reported cache size, are clamped.
+pub const MAX_CAPACITY: usize = 10_000_000;
+
+const NIL: u32 = u32::MAX;
+
+/// Identity hasher for keys that are already good 64-bit hashes.
+#[derive(Default, Clone, Copy)]
+pub struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used for u64 keys; a correct (FNV-1a) fallback for others.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type BlockMap = HashMap<u64, u32, BuildHasherDefault<IdentityHasher>>;
+
+#[derive(Clone, Copy)]
+struct Node {
+    block: u64,
+    slot: u32,
+    lru_prev: u32,
+    /// Next node towards the LRU end; links the free list for free nodes.
+    lru_next: u32,
+    chain_next: u32,
+}
+
+struct Slot {
+    endpoint: Endpoint,
+    /// Most recently used node.
+    head: u32,
+    /// Least recently used node (evicted first).
+    tail: u32,
+    len: usize,
+    capacity: usize,
+    live: bool,
+}
 
 /// Per-endpoint LRU record of the block hashes each endpoint was sent.
-#[derive(Debug, Default)]
-pub struct PrefixIndex {}
+pub struct PrefixIndex {
+    default_capacity: usize,
+    nodes: Vec<Node>,
+    free_node: u32,
+    heads: BlockMap,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    by_endpoint: HashMap<Endpoint, u32, fnv::FnvBuildHasher>,
+}
+
+impl Default for PrefixIndex {
+    /// An index with the default capacity (`prefix.capacity_blocks`).
+    fn default() -> Self {
+        PrefixIndex::new(crate::config::PrefixConfig::default().capacity_blocks)
+    }
+}
+
+impl fmt::Debug for PrefixIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefixIndex")
+            .field("default_capacity", &self.default_capacity)
+            .field("endpoints", &self.endpoint_count())
+            .field("blocks", &self.total_len())
+            .field("distinct_blocks", &self.heads.len())
+            .finish()
+    }
+}
 
 impl PrefixIndex {
     /// An empty index; every endpoint holds at most `default_capacity` blocks.
-    pub fn new(_default_capacity: usize) -> Self {
-        PrefixIndex {}
+    pub fn new(default_capacity: usize) -> Self {
+        PrefixIndex {
+            default_capacity: default_capacity.min(MAX_CAPACITY),
+            nodes: Vec::new(),
+            free_node: NIL,
+            heads: BlockMap::default(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            by_endpoint: HashMap::default(),
+        }
     }
-    /// Sets one endpoint's capacity in blocks (evicting LRU blocks beyond it).
-    pub fn set_capacity(&mut self, _endpoint: Endpoint, _blocks: usize) {}
+
+    /// Sets one endpoint's capacity in blocks (evicting LRU blocks beyond
+    /// it). Clamped to [`MAX_CAPACITY`]; O(1) when nothing is evicted.
+    pub fn set_capacity(&mut self, endpoint: Endpoint, blocks: usize) {
+        let Some(s) = self.slot_or_insert(endpoint) else {
+            return;
+        };
+        let cap = blocks.min(MAX_CAPACITY);
+        self.slots[s as usize].capacity = cap;
+        while self.slots[s as usize].len > cap {
+            self.evict_lru(s);
+        }
+    }
+
     /// For each endpoint holding block 0, the number of leading blocks of
-    /// `blocks` it holds. Endpoints with no match are absent.
-    pub fn longest_prefix(&self, _blocks: &[u64]) -> Vec<(Endpoint, usize)> {
-        Vec::new()
+    /// `blocks` it holds. Endpoints with no match are absent. Sorted by
+    /// matched blocks (most first), then endpoint.
+    pub fn longest_prefix(&self, blocks: &[u64]) -> Vec<(Endpoint, usize)> {
+        let Some(first) = blocks.first().and_then(|b| self.heads.get(b)) else {
+            return Vec::new();
+        };
+        // matched[slot] = leading blocks matched so far.
+        let mut matched = vec![0usize; self.slots.len()];
+        let mut n = *first;
+        while n != NIL {
+            let node = &self.nodes[n as usize];
+            matched[node.slot as usize] = 1;
+            n = node.chain_next;
+        }
+        for (i, b) in blocks.iter().enumerate().skip(1) {
+            let mut advanced = false;
+            let mut n = self.heads.get(b).copied().unwrap_or(NIL);
+            while n != NIL {
+                let node = &self.nodes[n as usize];
+                let m = &mut matched[node.slot as usize];
+                if *m == i {
+                    *m = i + 1;
+                    advanced = true;
+                }
+                n = node.chain_next;
+            }
+            if !advanced {
+                break;
+            }
+        }
+        let mut out = Vec::new();
+        let mut n = *first;
+        while n != NIL {
+            let node = &self.nodes[n as usize];
+            out.push((
+                self.slots[node.slot as usize].endpoint,
+                matched[node.slot as usize],
+            ));
+            n = node.chain_next;
+        }
+        out.sort_unstable_by_key(|&(e, k)| (Reverse(k), e));
+        out
     }
-    /// Learns that `endpoint` was sent `blocks` (most recent use).
-    pub fn record(&mut self, _endpoint: Endpoint, _blocks: &[u64]) {}
+
+    /// Learns that `endpoint` was sent `blocks` (most recent use). Block 0
+    /// ends up most recent, the last block least recent; only the first
+    /// `capacity` blocks are kept.
+    pub fn record(&mut self, endpoint: Endpoint, blocks: &[u64]) {
+        let Some(s) = self.slot_or_insert(endpoint) else {
+            return;
+        };
+        let cap = self.slots[s as usize].capacity;
+        let keep = blocks.get(..cap.min(blocks.len())).unwrap_or(&[]);
+        for &b in keep.iter().rev() {
+            if let Some(n) = self.find(b, s) {
+                self.lru_unlink(n);
+                self.lru_push_front(n);
+                continue;
+            }
+            while self.slots[s as usize].len >= cap {
+                self.evict_lru(s);
+            }
+            if !self.insert(b, s) {
+                return; // slab exhausted (more than 4 G nodes): learn nothing more
+            }
+        }
+    }
+
     /// Forgets every endpoint not in `pool`.
-    pub fn retain(&mut self, _pool: &[Endpoint]) {}
+    pub fn retain(&mut self, pool: &[Endpoint]) {
+        let keep: HashSet<Endpoint, fnv::FnvBuildHasher> = pool.iter().copied().collect();
+        let gone: Vec<(Endpoint, u32)> = self
+            .by_endpoint
+            .iter()
+            .filter(|(e, _)| !keep.contains(*e))
+            .map(|(e, s)| (*e, *s))
+            .collect();
+        for (e, s) in gone {
+            while self.slots[s as usize].tail != NIL {
+                self.evict_lru(s);
+            }
+            let slot = &mut self.slots[s as usize];
+            slot.live = false;
+            slot.head = NIL;
+            slot.len = 0;
+            self.by_endpoint.remove(&e);
+            self.free_slots.push(s);
+        }
+    }
+
     /// Blocks currently held for `endpoint`.
-    pub fn len(&self, _endpoint: Endpoint) -> usize {
-        0
+    pub fn len(&self, endpoint: Endpoint) -> usize {
+        self.slot(endpoint)
+            .map_or(0, |s| self.slots[s as usize].len)
+    }
+
+    /// True when no endpoint holds any block.
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+
+    /// Blocks held over all endpoints (a block held by two counts twice).
+    pub fn total_len(&self) -> usize {
+        self.live_slots().map(|s| s.len).sum()
+    }
+
+    /// Distinct block hashes held by at least one endpoint.
+    pub fn distinct_blocks(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// Endpoints the index tracks (recorded or given a capacity).
+    pub fn endpoint_count(&self) -> usize {
+        self.by_endpoint.len()
+    }
+
+    /// The capacity that applies to `endpoint` (the default if unknown).
+    pub fn capacity(&self, endpoint: Endpoint) -> usize {
+        self.slot(endpoint)
+            .map_or(self.default_capacity, |s| self.slots[s as usize].capacity)
+    }
+
+    /// Whether `endpoint` holds `block`.
+    pub fn contains(&self, endpoint: Endpoint, block: u64) -> bool {
+        self.slot(endpoint)
+            .is_some_and(|s| self.find(block, s).is_some())
+    }
+
+    // --- internals (indices below are the index's own, never client data)
+
+    fn live_slots(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter().filter(|s| s.live)
+    }
+
+    fn slot(&self, endpoint: Endpoint) -> Option<u32> {
+        self.by_endpoint.get(&endpoint).copied()
+    }
+
+    fn slot_or_insert(&mut self, endpoint: Endpoint) -> Option<u32> {
+        if let Some(s) = self.slot(endpoint) {
+            return Some(s);
+        }
+        if self.by_endpoint.len() >= MAX_ENDPOINTS {
+            return None;
+        }
+        let fresh = Slot {
+            endpoint,
+            head: NIL,
+            tail: NIL,
+            len: 0,
+            capacity: self.default_capacity,
+            live: true,
+        };
+        let s = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = fresh;
+                s
+            }
+            None => {
+                self.slots.push(fresh);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.by_endpoint.insert(endpoint, s);
+        Some(s)
+    }
+
+    /// The node of `block` held by slot `s`, walking the holder chain.
+    fn find(&self, block: u64, s: u32) -> Option<u32> {
+        let mut n = self.heads.get(&block).copied().unwrap_or(NIL);
+        while n != NIL {
+            let node = &self.nodes[n as usize];
+            if node.slot == s {
+                return Some(n);
+            }
+            n = node.chain_next;
+        }
+        None
+    }
+
+    /// Adds `block` to slot `s` as most recent (caller checked absence and
+    /// room). False when no node index is left.
+    fn insert(&mut self, block: u64, s: u32) -> bool {
+        let chain_next = self.heads.get(&block).copied().unwrap_or(NIL);
+        let node = Node {
+            block,
+            slot: s,
+            lru_prev: NIL,
+            lru_next: NIL,
+            chain_next,
+        };
+        let n = if self.free_node != NIL {
+            let n = self.free_node;
+            self.free_node = self.nodes[n as usize].lru_next;
+            self.nodes[n as usize] = node;
+            n
+        } else if self.nodes.len() < NIL as usize {
+            self.nodes.push(node);
+            (self.nodes.len() - 1) as u32
+        } else {
+            return false;
+        };
+        self.heads.insert(block, n);
+        self.lru_push_front(n);
+        self.slots[s as usize].len += 1;
+        true
+    }
+
+    fn evict_lru(&mut self, s: u32) {
+        let t = self.slots[s as usize].tail;
+        if t != NIL {
+            self.remove(t);
+        }
+    }
+
+    /// Unlinks node `n` from both lists and frees it.
+    fn remove(&mut self, n: u32) {
+        self.lru_unlink(n);
+        let Node {
+            block,
+            slot,
+            chain_next,
+            ..
+        } = self.nodes[n as usize];
+        let head = self.heads.get(&block).copied().unwrap_or(NIL);
+        if head == n {
+            if chain_next == NIL {
+                self.heads.remove(&block);
+            } else {
+                self.heads.insert(block, chain_next);
+            }
+        } else {
+            let mut p = head;
+            while p != NIL {
+                let next = self.nodes[p as usize].chain_next;
+                if next == n {
+                    self.nodes[p as usize].chain_next = chain_next;
+                    break;
+                }
+                p = next;
+            }
+        }
+        self.slots[slot as usize].len -= 1;
+        let node = &mut self.nodes[n as usize];
+        node.slot = NIL;
+        node.chain_next = NIL;
+        node.lru_prev = NIL;
+        node.lru_next = self.free_node;
+        self.free_node = n;
+    }
+
+    fn lru_unlink(&mut self, n: u32) {
+        let Node {
+            slot,
+            lru_prev,
+            lru_next,
+            ..
+        } = self.nodes[n as usize];
+        if lru_prev != NIL {
+            self.nodes[lru_prev as usize].lru_next = lru_next;
+        } else {
+            self.slots[slot as usize].head = lru_next;
+        }
+        if lru_next != NIL {
+            self.nodes[lru_next as usize].lru_prev = lru_prev;
+        } else {
+            self.slots[slot as usize].tail = lru_prev;
+        }
+    }
+
+    fn lru_push_front(&mut self, n: u32) {
+        let s = self.nodes[n as usize].slot as usize;
+        let old = self.slots[s].head;
+        {
+            let node = &mut self.nodes[n as usize];
+            node.lru_prev = NIL;
+            node.lru_next = old;
+        }
+        if old != NIL {
+            self.nodes[old as usize].lru_prev = n;
+        } else {
+            self.slots[s].tail = n;
+        }
+        self.slots[s].head = n;
     }
 }

@@ -2,5 +2,6 @@
 //! worker sees one view: pure encode/decode and merge rules. The filter's
 //! shell does the actual get/set (with CAS) around them.
 
+pub mod decision_log;
 pub mod endpoint_state;
 pub mod lease;

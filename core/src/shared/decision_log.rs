@@ -1,0 +1,237 @@
+//! The decision log: after each routing decision a worker appends one
+//! [`LogEntry`] (which endpoint was sent which blocks) to a ring of
+//! `shared.log_slots` proxy-wasm shared-data keys, so the other workers can
+//! replay it into their own [`crate::prefix::PrefixIndex`] and every worker
+//! learns every decision. Slot of sequence number `seq` is `seq % slots`:
+//! the key space is fixed, old decisions are overwritten.
+//!
+//! Wire format (little-endian), version 1:
+//!
+//! ```text
+//! u8  version = 1
+//! u8  family  = 4 | 6
+//! ip  4 bytes (v4) | 16 bytes + u32 scope id (v6)
+//! u16 port (non-zero)
+//! u64 seq
+//! u64 at_ms
+//! u32 n
+//! n x u64 block hashes
+//! ```
+//!
+//! Decoding checks everything (version, family, port, exact length) and
+//! returns `None` on any mismatch, so garbage, a torn or foreign value, or a
+//! value of another version is simply skipped.
+
+use crate::endpoint::Endpoint;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+/// Current wire-format version (first byte of every encoded entry).
+pub const VERSION: u8 = 1;
+
+/// One routing decision as replicated across workers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Monotonic sequence number of the decision in the log.
+    pub seq: u64,
+    /// The endpoint the request was sent to.
+    pub endpoint: Endpoint,
+    /// When the decision was made (ms, the filter's clock).
+    pub at_ms: u64,
+    /// The request's chained block hashes.
+    pub blocks: Vec<u64>,
+}
+
+impl LogEntry {
+    /// Size of the encoding in bytes.
+    pub fn encoded_len(&self) -> usize {
+        let addr = match self.endpoint.addr() {
+            SocketAddr::V4(_) => 4,
+            SocketAddr::V6(_) => 16 + 4,
+        };
+        2 + addr + 2 + 8 + 8 + 4 + 8 * self.blocks.len()
+    }
+
+    /// The compact binary form (see the module doc). Entries with more
+    /// than `u32::MAX` blocks are encoded with the first `u32::MAX`.
+    pub fn encode(&self) -> Vec<u8> {
+        let n = self.blocks.len().min(u32::MAX as usize);
+        let mut out = Vec::with_capacity(self.encoded_len());
+        out.push(VERSION);
+        match self.endpoint.addr() {
+            SocketAddr::V4(a) => {
+                out.push(4);
+                out.extend_from_slice(&a.ip().octets());
+            }
+            SocketAddr::V6(a) => {
+                out.push(6);
+                out.extend_from_slice(&a.ip().octets());
+                out.extend_from_slice(&a.scope_id().to_le_bytes());
+            }
+        }
+        out.extend_from_slice(&self.endpoint.addr().port().to_le_bytes());
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.at_ms.to_le_bytes());
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        for b in self.blocks.iter().take(n) {
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+        out
+    }
+
+    /// Parses [`LogEntry::encode`]'s output; `None` for anything else.
+    pub fn decode(bytes: &[u8]) -> Option<LogEntry> {
+        let mut r = Reader(bytes);
+        if r.take::<1>()? != [VERSION] {
+            return None;
+        }
+        let ip: std::net::IpAddr = match r.take::<1>()? {
+            [4] => Ipv4Addr::from(r.take::<4>()?).into(),
+            [6] => Ipv6Addr::from(r.take::<16>()?).into(),
+            _ => return None,
+        };
+        let scope = if ip.is_ipv6() {
+            u32::from_le_bytes(r.take()?)
+        } else {
+            0
+        };
+        let port = u16::from_le_bytes(r.take()?);
+        if port == 0 {
+            return None;
+        }
+        let addr = match ip {
+            std::net::IpAddr::V4(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+            std::net::IpAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(v6, port, 0, scope)),
+        };
+        let seq = u64::from_le_bytes(r.take()?);
+        let at_ms = u64::from_le_bytes(r.take()?);
+        let n = u32::from_le_bytes(r.take()?) as usize;
+        // Exact length before allocating: a garbage count cannot allocate.
+        if r.0.len() / 8 != n || r.0.len() % 8 != 0 {
+            return None;
+        }
+        let blocks = r
+            .0
+            .chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                u64::from_le_bytes(b)
+            })
+            .collect();
+        Some(LogEntry {
+            seq,
+            endpoint: Endpoint::new(addr),
+            at_ms,
+            blocks,
+        })
+    }
+}
+
+/// The ring slot of sequence number `seq` among `slots` slots
+/// (`seq % slots`; 0 when `slots` is 0).
+pub fn slot_of(seq: u64, slots: u32) -> u32 {
+    if slots == 0 {
+        0
+    } else {
+        (seq % u64::from(slots)) as u32
+    }
+}
+
+/// Bounds-checked little reader over a byte slice.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn entry(ep: &str, blocks: Vec<u64>) -> LogEntry {
+        LogEntry {
+            seq: 0x0102_0304_0506_0708,
+            endpoint: ep.parse().unwrap(),
+            at_ms: 1_764_000_000_123,
+            blocks,
+        }
+    }
+
+    #[test]
+    fn roundtrips_v4_and_v6() {
+        let cases = [
+            entry("10.0.0.1:8000", vec![]),
+            entry("10.0.0.1:8000", vec![1, u64::MAX, 0x8000_0000_0000_0000]),
+            entry("[::1]:9000", vec![42]),
+            entry("[2001:db8::7]:65535", (0..1000).collect()),
+            entry("[fe80::1%3]:80", vec![7]),
+        ];
+        for e in cases {
+            let bytes = e.encode();
+            assert_eq!(bytes.len(), e.encoded_len(), "{e:?}");
+            assert_eq!(bytes[0], VERSION);
+            assert_eq!(LogEntry::decode(&bytes), Some(e.clone()), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn layout_is_little_endian() {
+        let e = entry("1.2.3.4:258", vec![0x1122]);
+        let b = e.encode();
+        assert_eq!(&b[..8], &[1, 4, 1, 2, 3, 4, 2, 1]);
+        assert_eq!(&b[8..16], &e.seq.to_le_bytes());
+        assert_eq!(&b[24..28], &[1, 0, 0, 0]);
+        assert_eq!(&b[28..], &[0x22, 0x11, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn garbage_decodes_to_none() {
+        let good = entry("10.0.0.1:8000", vec![1, 2, 3]).encode();
+        let mut cases: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![1],
+            vec![2, 4, 1, 2, 3, 4],
+            b"hello world, this is not a log entry".to_vec(),
+            vec![0xff; 64],
+        ];
+        // Every truncation and one extra byte.
+        for i in 0..good.len() {
+            cases.push(good[..i].to_vec());
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        cases.push(longer);
+        // Wrong version, family, zero port, lying counts.
+        for (at, v) in [(0, 2u8), (1, 5), (6, 0), (24, 4), (27, 0xff)] {
+            let mut bad = good.clone();
+            bad[at] = v;
+            if at == 6 {
+                bad[7] = 0;
+            }
+            cases.push(bad);
+        }
+        for c in cases {
+            assert_eq!(LogEntry::decode(&c), None, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn slots_wrap() {
+        for (seq, slots, want) in [
+            (0, 512, 0),
+            (511, 512, 511),
+            (512, 512, 0),
+            (u64::MAX, 16, 15),
+            (5, 0, 0),
+            (5, 1, 0),
+        ] {
+            assert_eq!(slot_of(seq, slots), want, "{seq} % {slots}");
+        }
+    }
+}
