@@ -25,5 +25,6 @@ pub mod inflight;
 pub mod metrics;
 pub mod prefix;
 pub mod request;
+pub mod router;
 pub mod scheduler;
 pub mod shared;

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Render kvroute's Envoy config (envoy/kvroute.yaml.tmpl) and optionally run Envoy.
+
+`./build.sh serve` calls this with `--run`; tests and benchmarks call it the
+same way, so every Envoy kvroute runs behind is rendered by this one file.
+"""
+import argparse
+import ipaddress
+import json
+import os
+import string
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT_WASM = os.path.join(ROOT, "target", "wasm32-wasip1", "release", "kvroute.wasm")
+DEFAULT_ENVOY = os.path.join(ROOT, ".venv", "bin", "envoy")
+
+
+def host_port(value: str, what: str):
+    """Split HOST:PORT (IPv6 as [addr]:port); HOST must be an IP literal."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{what} {value!r} is not HOST:PORT")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} {value!r}: host must be an IP address")
+    return host, int(port)
+
+
+def endpoint_list(value: str):
+    eps = [e.strip() for e in value.split(",") if e.strip()]
+    if not eps:
+        raise argparse.ArgumentTypeError("--endpoints needs at least one HOST:PORT")
+    for e in eps:
+        host_port(e, "endpoint")
+    return eps
+
+
+def build_plugin_config(args) -> dict:
+    config = {}
+    if args.config:
+        with open(args.config) as f:
+            config = json.load(f)
+        if not isinstance(config, dict):
+            sys.exit(f"render.py: {args.config} must hold a JSON object")
+    if args.endpoints:
+        config["endpoints"] = args.endpoints
+    if not config.get("endpoints"):
+        sys.exit("render.py: no endpoints: pass --endpoints or put them in --config")
+    return config
+
+
+def render(args) -> str:
+    plugin = build_plugin_config(args)
+    max_body = int(plugin.get("max_body_bytes", 8 * 1024 * 1024))
+    listen_host, listen_port = args.listen
+    admin_host, admin_port = args.admin
+    values = {
+        "listen_host": json.dumps(listen_host),
+        "listen_port": listen_port,
+        "admin_host": json.dumps(admin_host),
+        "admin_port": admin_port,
+        "wasm_path": json.dumps(os.path.abspath(args.wasm)),
+        # JSON text inside a YAML double-quoted scalar (JSON strings are YAML).
+        "plugin_config": json.dumps(json.dumps(plugin, separators=(",", ":"))),
+        "destination_header": json.dumps(plugin.get("destination_header", "x-kvroute-destination")),
+        # Headroom over max_body_bytes for headers and the request line.
+        "buffer_limit_bytes": max_body + 64 * 1024,
+        "route_idle_timeout": args.idle_timeout,
+    }
+    with open(args.template) as f:
+        return string.Template(f.read()).substitute(values)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoints", type=endpoint_list, help="HOST:PORT[,HOST:PORT...] of the model servers")
+    p.add_argument("--listen", type=lambda v: host_port(v, "--listen"), default=("127.0.0.1", 10000))
+    p.add_argument("--admin", type=lambda v: host_port(v, "--admin"), default=("127.0.0.1", 9901))
+    p.add_argument("--config", help="plugin config JSON file (see docs/CONFIG.md); --endpoints overrides its endpoints")
+    p.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads")
+    p.add_argument("--idle-timeout", default="300s", help="route idle timeout (longest silence in a stream)")
+    p.add_argument("--wasm", default=DEFAULT_WASM)
+    p.add_argument("--template", default=os.path.join(HERE, "kvroute.yaml.tmpl"))
+    p.add_argument("--envoy", default=os.environ.get("KVROUTE_ENVOY", DEFAULT_ENVOY))
+    p.add_argument("--out", help="write the rendered config here (default: a temp file)")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--run", action="store_true", help="exec Envoy with the rendered config")
+    args = p.parse_args(argv)
+
+    if args.run and not os.path.exists(args.wasm):
+        sys.exit(f"render.py: {args.wasm} not found: run ./build.sh build")
+    text = render(args)
+    if args.out:
+        out = args.out
+        with open(out, "w") as f:
+            f.write(text)
+    else:
+        fd, out = tempfile.mkstemp(prefix="kvroute-envoy-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    if not args.run:
+        print(out)
+        return
+    cmd = [args.envoy, "-c", out, "--concurrency", str(args.concurrency),
+           "--log-level", args.log_level, "--disable-hot-restart",
+           "--base-id", str(os.getpid() % 100000)]
+    print(f"kvroute: Envoy listening on {args.listen[0]}:{args.listen[1]} (admin {args.admin[0]}:{args.admin[1]}), "
+          f"endpoints {','.join(build_plugin_config(args)['endpoints'])}", flush=True)
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    main()

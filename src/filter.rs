@@ -1,0 +1,191 @@
+//! The HTTP context: one per request. It only moves bytes between Envoy and
+//! the core:
+//!
+//! 1. headers: remove every client-supplied copy of the destination header
+//!    (no client can steer); inference requests (`POST` to an OpenAI path
+//!    with a body) are held (`Pause`, which Envoy honours because the plugin
+//!    sets `allow_on_headers_stop_iteration`); everything else is routed by
+//!    load at once;
+//! 2. body: wait for the whole body (up to `max_body_bytes`), parse it, route,
+//!    write the chosen endpoint into the destination header, release;
+//! 3. response: the first body chunk means the prefill is over (release the
+//!    in-flight tokens); the stream itself passes untouched;
+//! 4. log: the request is over (release the in-flight request).
+//!
+//! Fail-open, decided once here: a body the core cannot understand, or one
+//! larger than `max_body_bytes`, is still routed (by load) and counted. Only
+//! an empty pool answers 503.
+
+use crate::root::now_ms;
+use crate::stats::Counter;
+use crate::vm_state::{Routed, VmState};
+use kvroute_core::request::{parse, ApiKind, InferenceRequest};
+use log::debug;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use std::cell::RefCell;
+use std::fmt::Write;
+use std::rc::Rc;
+
+/// Per-request context.
+pub struct RequestFilter {
+    state: Rc<RefCell<VmState>>,
+    api: Option<ApiKind>,
+    routed: Option<Routed>,
+    tokens_released: bool,
+}
+
+impl RequestFilter {
+    /// A context sharing its VM's state.
+    pub fn new(state: Rc<RefCell<VmState>>) -> RequestFilter {
+        RequestFilter {
+            state,
+            api: None,
+            routed: None,
+            tokens_released: false,
+        }
+    }
+
+    /// Routes and hands the choice to Envoy; `false` when the request was
+    /// answered locally (empty pool).
+    fn route(&mut self, request: Option<&InferenceRequest>) -> bool {
+        let now = now_ms(self);
+        let routed = self.state.borrow_mut().route(request, now);
+        match routed {
+            Some(r) => {
+                let header = self.state.borrow().config().destination_header.clone();
+                self.set_http_request_header(&header, Some(&r.decision.endpoint.to_string()));
+                self.routed = Some(r);
+                true
+            }
+            None => {
+                self.state.borrow().stats.inc(Counter::NoEndpoint);
+                self.send_http_response(
+                    503,
+                    vec![("content-type", "application/json")],
+                    Some(br#"{"error":{"message":"kvroute: no endpoint available","type":"service_unavailable","code":503}}"#),
+                );
+                false
+            }
+        }
+    }
+
+    fn debug_value(&self) -> Option<String> {
+        let r = self.routed.as_ref()?;
+        let d = &r.decision;
+        let mut v = format!(
+            "endpoint={}; reason={:?}; matched={}/{}; scores=",
+            d.endpoint, d.reason, d.matched_blocks, r.total_blocks
+        );
+        for (i, (e, s)) in d.scores.iter().enumerate() {
+            let _ = write!(v, "{}{}={:.3}", if i > 0 { "," } else { "" }, e, s);
+        }
+        Some(v)
+    }
+}
+
+impl Context for RequestFilter {}
+
+impl HttpContext for RequestFilter {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let header = {
+            let state = self.state.borrow();
+            state.stats.inc(Counter::Requests);
+            state.config().destination_header.clone()
+        };
+        if self.get_http_request_header(&header).is_some() {
+            self.state
+                .borrow()
+                .stats
+                .inc(Counter::SteeringHeaderRemoved);
+        }
+        // Removes every value of the header, whatever its case on the wire.
+        self.set_http_request_header(&header, None);
+
+        let is_post = self.get_http_request_header(":method").as_deref() == Some("POST");
+        let path = self.get_http_request_header(":path").unwrap_or_default();
+        self.api = ApiKind::from_path(&path).filter(|_| is_post);
+        if self.api.is_some() && !end_of_stream {
+            return Action::Pause; // wait for the body
+        }
+        if self.api.is_some() {
+            self.state.borrow().stats.inc(Counter::Unparsed);
+        } else {
+            self.state.borrow().stats.inc(Counter::Passthrough);
+        }
+        if self.route(None) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.routed.is_some() {
+            return Action::Continue;
+        }
+        let (max, prefix) = {
+            let state = self.state.borrow();
+            (state.config().max_body_bytes, state.config().prefix.clone())
+        };
+        if body_size > max {
+            self.state.borrow().stats.inc(Counter::BodyTooLarge);
+            return if self.route(None) {
+                Action::Continue
+            } else {
+                Action::Pause
+            };
+        }
+        if !end_of_stream {
+            return Action::Pause; // keep buffering
+        }
+        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
+        let request = match self.api.map(|api| parse(api, &body, &prefix)) {
+            Some(Ok(r)) => {
+                self.state.borrow().stats.inc(Counter::Parsed);
+                Some(r)
+            }
+            Some(Err(e)) => {
+                debug!("kvroute: body not understood ({e:?}); routing by load");
+                self.state.borrow().stats.inc(Counter::Unparsed);
+                None
+            }
+            None => None,
+        };
+        if self.route(request.as_ref()) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let name = self.state.borrow().config().debug_header.clone();
+        if let Some(name) = name {
+            if let Some(value) = self.debug_value() {
+                self.set_http_response_header(&name, Some(&value));
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+        if !self.tokens_released {
+            self.tokens_released = true;
+            if let Some(r) = &self.routed {
+                let (endpoint, tokens) = (r.decision.endpoint, r.tokens);
+                self.state.borrow_mut().release_tokens(endpoint, tokens);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if let Some(r) = self.routed.take() {
+            let unreleased = if self.tokens_released { 0 } else { r.tokens };
+            self.state
+                .borrow_mut()
+                .finish(r.decision.endpoint, unreleased);
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Typed access to the proxy-wasm shared data kvroute keeps, so every Envoy
+//! worker (each its own VM) sees one view. All keys start with
+//! `shared.key_prefix` and their number is fixed by the configuration:
+//!
+//! | key | value | written by |
+//! |---|---|---|
+//! | `lease` | scraper lease (16 bytes) | every VM's tick, CAS |
+//! | `endpoints` | scrape state of the pool (JSON) | the lease holder, CAS |
+//! | `inflight` | in-flight requests/tokens per endpoint | every request, CAS |
+//! | `log/head` | next decision-log sequence number | every decision, CAS |
+//! | `log/<slot>` | one decision (endpoint + block hashes) | its appender |
+//!
+//! Shared data never expires and has no delete, so nothing here is keyed by
+//! traffic: the decision log is a ring of `shared.log_slots` slots. CAS is
+//! ignored by the host when a key does not exist yet, so [`SharedStore::create_keys`]
+//! creates every CAS key before first use.
+
+use kvroute_core::inflight::InFlightTable;
+use kvroute_core::shared::decision_log::{slot_of, LogEntry};
+use kvroute_core::shared::endpoint_state::EndpointStates;
+use kvroute_core::shared::lease::Lease;
+use proxy_wasm::hostcalls::{get_shared_data, set_shared_data};
+use proxy_wasm::types::Status;
+
+/// CAS retries before an update is given up (contention is brief: the host
+/// holds one global mutex per get/set).
+const CAS_ATTEMPTS: usize = 16;
+
+/// A log entry still missing while this many later ones exist is skipped.
+const STALL_SKIP: u64 = 64;
+
+/// Shared-data keys of one plugin configuration.
+#[derive(Debug)]
+pub struct SharedStore {
+    lease: String,
+    endpoints: String,
+    inflight: String,
+    log_head: String,
+    log_slot: String,
+    log_slots: u32,
+}
+
+/// Where a VM is in the decision log.
+#[derive(Debug, Default)]
+pub struct LogCursor {
+    /// Next sequence number to replay.
+    pub next: u64,
+}
+
+/// Entries replayed by [`SharedStore::read_log`], and how many were lost.
+#[derive(Debug, Default)]
+pub struct LogRead {
+    /// Entries in sequence order.
+    pub entries: Vec<LogEntry>,
+    /// Entries overwritten before they could be read.
+    pub lost: u64,
+}
+
+fn get(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+    get_shared_data(key).unwrap_or((None, None))
+}
+
+impl SharedStore {
+    /// Keys under `prefix`, with a decision log of `log_slots` slots.
+    pub fn new(prefix: &str, log_slots: u32) -> SharedStore {
+        SharedStore {
+            lease: format!("{prefix}lease"),
+            endpoints: format!("{prefix}endpoints"),
+            inflight: format!("{prefix}inflight"),
+            log_head: format!("{prefix}log/head"),
+            log_slot: format!("{prefix}log/"),
+            log_slots,
+        }
+    }
+
+    /// Creates absent CAS keys with empty values (a benign race at start-up:
+    /// two VMs creating the same key both write the same empty value).
+    pub fn create_keys(&self) {
+        for (key, empty) in [
+            (&self.lease, Vec::new()),
+            (&self.endpoints, EndpointStates::default().encode()),
+            (&self.inflight, InFlightTable::default().encode()),
+            (&self.log_head, 0u64.to_le_bytes().to_vec()),
+        ] {
+            if get(key).1.is_none() {
+                let _ = set_shared_data(key, Some(&empty), None);
+            }
+        }
+    }
+
+    /// Read-modify-write with CAS; `f` returns the new value or `None` to
+    /// leave it. Returns whether a write happened.
+    fn update(&self, key: &str, mut f: impl FnMut(Option<&[u8]>) -> Option<Vec<u8>>) -> bool {
+        for _ in 0..CAS_ATTEMPTS {
+            let (value, cas) = get(key);
+            let Some(new) = f(value.as_deref()) else {
+                return false;
+            };
+            match set_shared_data(key, Some(&new), cas) {
+                Ok(()) => return true,
+                Err(Status::CasMismatch) => continue,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Takes or renews the scraper lease; true when this VM holds it.
+    pub fn claim_lease(&self, me: u64, now_ms: u64, ttl_ms: u64) -> bool {
+        self.update(&self.lease, |cur| {
+            Lease::claim(cur, me, now_ms, ttl_ms).map(|l| l.encode().to_vec())
+        })
+    }
+
+    /// The pool's scrape state.
+    pub fn endpoint_states(&self) -> EndpointStates {
+        get(&self.endpoints)
+            .0
+            .and_then(|v| EndpointStates::decode(&v))
+            .unwrap_or_default()
+    }
+
+    /// Updates the pool's scrape state.
+    pub fn update_endpoint_states(&self, mut f: impl FnMut(&mut EndpointStates)) -> EndpointStates {
+        let mut out = EndpointStates::default();
+        self.update(&self.endpoints, |cur| {
+            let mut states = cur.and_then(EndpointStates::decode).unwrap_or_default();
+            f(&mut states);
+            let bytes = states.encode();
+            out = states;
+            Some(bytes)
+        });
+        out
+    }
+
+    /// In-flight accounting of all workers.
+    pub fn inflight(&self) -> InFlightTable {
+        get(&self.inflight)
+            .0
+            .and_then(|v| InFlightTable::decode(&v))
+            .unwrap_or_default()
+    }
+
+    /// Updates the in-flight accounting; returns the table written.
+    pub fn update_inflight(&self, mut f: impl FnMut(&mut InFlightTable)) -> InFlightTable {
+        let mut out = InFlightTable::default();
+        self.update(&self.inflight, |cur| {
+            let mut table = cur.and_then(InFlightTable::decode).unwrap_or_default();
+            f(&mut table);
+            let bytes = table.encode();
+            out = table;
+            Some(bytes)
+        });
+        out
+    }
+
+    fn head(&self) -> u64 {
+        get(&self.log_head)
+            .0
+            .and_then(|v| {
+                v.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+            })
+            .unwrap_or(0)
+    }
+
+    /// Appends a decision; returns its sequence number.
+    pub fn append_log(&self, mut entry: LogEntry) -> Option<u64> {
+        let mut seq = 0;
+        let reserved = self.update(&self.log_head, |cur| {
+            seq = cur
+                .and_then(|v| {
+                    v.get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_le_bytes)
+                })
+                .unwrap_or(0);
+            Some((seq + 1).to_le_bytes().to_vec())
+        });
+        if !reserved {
+            return None;
+        }
+        entry.seq = seq;
+        let key = format!("{}{}", self.log_slot, slot_of(seq, self.log_slots));
+        set_shared_data(&key, Some(&entry.encode()), None).ok()?;
+        Some(seq)
+    }
+
+    /// A cursor that replays what the ring still holds.
+    pub fn cursor(&self) -> LogCursor {
+        LogCursor {
+            next: self.head().saturating_sub(self.log_slots as u64),
+        }
+    }
+
+    /// Entries appended since `cursor` (by any VM), advancing it. An entry
+    /// reserved but not yet written stops the read; it is retried next time.
+    pub fn read_log(&self, cursor: &mut LogCursor) -> LogRead {
+        let head = self.head();
+        let mut read = LogRead::default();
+        if head <= cursor.next {
+            return read;
+        }
+        let oldest = head.saturating_sub(self.log_slots as u64);
+        if cursor.next < oldest {
+            read.lost = oldest - cursor.next;
+            cursor.next = oldest;
+        }
+        while cursor.next < head {
+            let key = format!("{}{}", self.log_slot, slot_of(cursor.next, self.log_slots));
+            match get(&key).0.and_then(|v| LogEntry::decode(&v)) {
+                Some(e) if e.seq == cursor.next => read.entries.push(e),
+                // Overwritten by a later lap: lost.
+                Some(e) if e.seq > cursor.next => read.lost += 1,
+                // Reserved but not written yet: retry later, unless so many
+                // later entries exist that its writer must have failed.
+                _ if head - cursor.next <= STALL_SKIP => break,
+                _ => read.lost += 1,
+            }
+            cursor.next += 1;
+        }
+        read
+    }
+}

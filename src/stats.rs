@@ -1,0 +1,202 @@
+//! Every stat kvroute exports, defined once per VM and recorded through typed
+//! functions, so no call site spells a stat name. In Envoy they appear as
+//! `wasmcustom.kvroute.*` (Prometheus: `wasmcustom_kvroute_*`); per-endpoint
+//! stats carry the endpoint in the name (`kvroute.endpoint.<ip>_<port>.*`),
+//! which the Envoy bootstrap's `stats_tags` turns into an `endpoint` label.
+//! Counters add up across VMs; gauges are last-write-wins, so per-endpoint
+//! gauges are written from the shared (cross-worker) values.
+
+use kvroute_core::endpoint::Endpoint;
+use kvroute_core::scheduler::Reason;
+use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
+use proxy_wasm::types::MetricType;
+use std::collections::HashMap;
+
+/// Request and scrape counters (the table in `docs/CONFIG.md#stats`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Every request the filter saw.
+    Requests,
+    /// Requests an endpoint was chosen for.
+    Routed,
+    /// Inference requests whose body was understood.
+    Parsed,
+    /// Inference requests whose body was not understood (routed by load).
+    Unparsed,
+    /// Inference requests whose body exceeded `max_body_bytes` (routed by load).
+    BodyTooLarge,
+    /// Non-inference requests (routed by load without buffering).
+    Passthrough,
+    /// Requests refused because the pool was empty.
+    NoEndpoint,
+    /// Client-supplied destination headers removed.
+    SteeringHeaderRemoved,
+    /// Decisions made by a cached prefix.
+    DecisionPrefix,
+    /// Decisions made by load.
+    DecisionLoad,
+    /// Decisions for requests no endpoint held a prefix of.
+    DecisionCold,
+    /// Decisions made without a healthy candidate.
+    DecisionFallback,
+    /// Successful `/metrics` scrapes.
+    ScrapeSuccess,
+    /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
+    ScrapeFailure,
+    /// Decision-log entries overwritten before this VM replayed them.
+    LogLost,
+}
+
+const COUNTERS: [(Counter, &str); 15] = [
+    (Counter::Requests, "kvroute.requests"),
+    (Counter::Routed, "kvroute.routed"),
+    (Counter::Parsed, "kvroute.parsed"),
+    (Counter::Unparsed, "kvroute.unparsed"),
+    (Counter::BodyTooLarge, "kvroute.body_too_large"),
+    (Counter::Passthrough, "kvroute.passthrough"),
+    (Counter::NoEndpoint, "kvroute.no_endpoint"),
+    (
+        Counter::SteeringHeaderRemoved,
+        "kvroute.steering_header_removed",
+    ),
+    (Counter::DecisionPrefix, "kvroute.decision.prefix"),
+    (Counter::DecisionLoad, "kvroute.decision.load"),
+    (Counter::DecisionCold, "kvroute.decision.cold"),
+    (Counter::DecisionFallback, "kvroute.decision.fallback"),
+    (Counter::ScrapeSuccess, "kvroute.scrape.success"),
+    (Counter::ScrapeFailure, "kvroute.scrape.failure"),
+    (Counter::LogLost, "kvroute.log_lost"),
+];
+
+/// Per-endpoint gauges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EndpointGauge {
+    /// Requests kvroute has in flight to the endpoint (all workers).
+    InflightRequests,
+    /// 1 when the endpoint is a candidate, 0 when its scrapes keep failing.
+    Healthy,
+    /// Age of the endpoint's latest snapshot when last scraped, in ms.
+    SnapshotAgeMs,
+    /// Waiting requests in the latest snapshot.
+    Waiting,
+}
+
+impl EndpointGauge {
+    fn suffix(self) -> &'static str {
+        match self {
+            EndpointGauge::InflightRequests => "inflight_requests",
+            EndpointGauge::Healthy => "healthy",
+            EndpointGauge::SnapshotAgeMs => "snapshot_age_ms",
+            EndpointGauge::Waiting => "waiting",
+        }
+    }
+}
+
+/// Per-endpoint counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EndpointCounter {
+    /// Requests routed to the endpoint.
+    Routed,
+    /// Failed scrapes of the endpoint.
+    ScrapeFailures,
+}
+
+impl EndpointCounter {
+    fn suffix(self) -> &'static str {
+        match self {
+            EndpointCounter::Routed => "routed",
+            EndpointCounter::ScrapeFailures => "scrape_failures",
+        }
+    }
+}
+
+/// Metric ids of one VM.
+#[derive(Debug, Default)]
+pub struct Stats {
+    counters: Vec<Option<u32>>,
+    matched_prefix_percent: Option<u32>,
+    per_endpoint: HashMap<(Endpoint, &'static str), Option<u32>>,
+}
+
+impl Stats {
+    /// Defines the fixed stats (once per VM).
+    pub fn define() -> Stats {
+        Stats {
+            counters: COUNTERS
+                .iter()
+                .map(|(_, name)| define_metric(MetricType::Counter, name).ok())
+                .collect(),
+            matched_prefix_percent: define_metric(
+                MetricType::Histogram,
+                "kvroute.matched_prefix_percent",
+            )
+            .ok(),
+            per_endpoint: HashMap::new(),
+        }
+    }
+
+    /// Adds one to a counter.
+    pub fn inc(&self, counter: Counter) {
+        let i = COUNTERS.iter().position(|(c, _)| *c == counter);
+        if let Some(Some(id)) = i.and_then(|i| self.counters.get(i)) {
+            let _ = increment_metric(*id, 1);
+        }
+    }
+
+    /// Counts a decision by its reason.
+    pub fn decision(&self, reason: Reason) {
+        self.inc(match reason {
+            Reason::Prefix => Counter::DecisionPrefix,
+            Reason::Load => Counter::DecisionLoad,
+            Reason::Cold => Counter::DecisionCold,
+            Reason::Fallback => Counter::DecisionFallback,
+        });
+    }
+
+    /// Records the matched share of a request's prompt blocks (0..=100).
+    pub fn matched_prefix(&self, percent: u64) {
+        if let Some(id) = self.matched_prefix_percent {
+            let _ = record_metric(id, percent.min(100));
+        }
+    }
+
+    /// Sets a per-endpoint gauge.
+    pub fn endpoint_gauge(&mut self, endpoint: Endpoint, gauge: EndpointGauge, value: u64) {
+        if let Some(id) = self.endpoint_metric(endpoint, gauge.suffix(), MetricType::Gauge) {
+            let _ = record_metric(id, value);
+        }
+    }
+
+    /// Adds one to a per-endpoint counter.
+    pub fn endpoint_inc(&mut self, endpoint: Endpoint, counter: EndpointCounter) {
+        if let Some(id) = self.endpoint_metric(endpoint, counter.suffix(), MetricType::Counter) {
+            let _ = increment_metric(id, 1);
+        }
+    }
+
+    fn endpoint_metric(
+        &mut self,
+        endpoint: Endpoint,
+        suffix: &'static str,
+        kind: MetricType,
+    ) -> Option<u32> {
+        *self
+            .per_endpoint
+            .entry((endpoint, suffix))
+            .or_insert_with(|| {
+                let name = format!("kvroute.endpoint.{}.{}", stat_label(endpoint), suffix);
+                define_metric(kind, &name).ok()
+            })
+    }
+}
+
+/// An endpoint as a stat-name segment: `10.0.0.1:8000` -> `10_0_0_1_8000`.
+pub fn stat_label(endpoint: Endpoint) -> String {
+    endpoint
+        .to_string()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect::<String>()
+        .trim_matches('_')
+        .to_string()
+}

@@ -1,0 +1,163 @@
+//! What one VM (one Envoy worker thread) knows, and the routing step.
+//!
+//! Each VM keeps its own [`Router`] (prefix index, pool, scheduler). The
+//! shared view comes from [`SharedStore`]: other workers' decisions are
+//! replayed from the decision log before each decision, so a request sees
+//! what any worker routed before it; scrape states are refreshed on every
+//! tick; in-flight counts are read and updated (CAS) on every request.
+
+use crate::shared_store::{LogCursor, SharedStore};
+use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
+use kvroute_core::config::Config;
+use kvroute_core::endpoint::Endpoint;
+use kvroute_core::inflight::InFlightTable;
+use kvroute_core::request::InferenceRequest;
+use kvroute_core::router::Router;
+use kvroute_core::scheduler::Decision;
+use kvroute_core::shared::decision_log::LogEntry;
+use kvroute_core::shared::endpoint_state::EndpointStates;
+use std::collections::HashSet;
+
+/// The outcome of routing one request, kept by its HTTP context.
+#[derive(Clone, Debug)]
+pub struct Routed {
+    /// The scheduler's decision.
+    pub decision: Decision,
+    /// Uncached prompt tokens added to the endpoint's in-flight count.
+    pub tokens: u64,
+    /// Blocks of the prompt (for the debug header).
+    pub total_blocks: usize,
+}
+
+/// Per-VM state shared by the root context and every HTTP context of the VM.
+pub struct VmState {
+    /// Pool, prefix index and scheduler.
+    pub router: Router,
+    /// Shared-data access.
+    pub store: SharedStore,
+    /// Stat ids.
+    pub stats: Stats,
+    /// This VM's id (scraper lease owner).
+    pub vm_id: u64,
+    /// Scrape states as of the last tick.
+    pub states: EndpointStates,
+    rng: fastrand::Rng,
+    cursor: LogCursor,
+    own_seqs: HashSet<u64>,
+}
+
+impl VmState {
+    /// State for a validated config.
+    pub fn new(config: Config, vm_id: u64) -> VmState {
+        let store = SharedStore::new(&config.shared.key_prefix, config.shared.log_slots);
+        store.create_keys();
+        let cursor = store.cursor();
+        let seed = config.scheduling.seed.unwrap_or(vm_id);
+        VmState {
+            router: Router::new(config),
+            store,
+            stats: Stats::define(),
+            vm_id,
+            states: EndpointStates::default(),
+            rng: fastrand::Rng::with_seed(seed),
+            cursor,
+            own_seqs: HashSet::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        self.router.config()
+    }
+
+    /// Replays other workers' decisions into the local router.
+    pub fn replay_log(&mut self) {
+        let read = self.store.read_log(&mut self.cursor);
+        for _ in 0..read.lost {
+            self.stats.inc(Counter::LogLost);
+        }
+        for entry in read.entries {
+            if !self.own_seqs.remove(&entry.seq) {
+                self.router
+                    .learn(entry.endpoint, &entry.blocks, entry.at_ms);
+            }
+        }
+        // Own entries the ring lost are never seen again: keep the set bounded.
+        let next = self.cursor.next;
+        self.own_seqs.retain(|s| *s >= next);
+    }
+
+    /// Tick: refresh scrape states and the replicated prefix index.
+    pub fn refresh(&mut self) {
+        self.states = self.store.endpoint_states();
+        self.router.observe(&self.states);
+        self.replay_log();
+    }
+
+    /// Routes one request (`None` when its body was not understood or it is
+    /// not an inference request): decide, learn, publish, count.
+    pub fn route(&mut self, request: Option<&InferenceRequest>, now_ms: u64) -> Option<Routed> {
+        self.replay_log();
+        let (blocks, prompt_tokens) = match request {
+            Some(r) => (&r.blocks[..], r.prompt_tokens(&self.config().prefix)),
+            None => (&[][..], 0),
+        };
+        let inflight = self.store.inflight();
+        let decision = self.router.decide(
+            blocks,
+            prompt_tokens,
+            &self.states,
+            |e| inflight.get(&e),
+            now_ms,
+            &mut self.rng,
+        )?;
+        let endpoint = decision.endpoint;
+        let tokens = self.router.uncached_tokens(&decision, prompt_tokens);
+        self.router.learn(endpoint, blocks, now_ms);
+        let entry = LogEntry {
+            seq: 0,
+            endpoint,
+            at_ms: now_ms,
+            blocks: blocks.to_vec(),
+        };
+        if let Some(seq) = self.store.append_log(entry) {
+            self.own_seqs.insert(seq);
+        }
+        let table = self.store.update_inflight(|t| t.add(endpoint, tokens));
+        self.publish_inflight(&table, endpoint);
+        self.stats.inc(Counter::Routed);
+        self.stats.decision(decision.reason);
+        self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
+        if !blocks.is_empty() {
+            self.stats
+                .matched_prefix((decision.matched_blocks * 100 / blocks.len()) as u64);
+        }
+        Some(Routed {
+            decision,
+            tokens,
+            total_blocks: blocks.len(),
+        })
+    }
+
+    /// The endpoint has started answering: its prefill is done.
+    pub fn release_tokens(&mut self, endpoint: Endpoint, tokens: u64) {
+        if tokens > 0 {
+            self.store
+                .update_inflight(|t| t.release_tokens(endpoint, tokens));
+        }
+    }
+
+    /// The request is over (completed, failed or reset).
+    pub fn finish(&mut self, endpoint: Endpoint, unreleased_tokens: u64) {
+        let table = self
+            .store
+            .update_inflight(|t| t.finish(endpoint, unreleased_tokens));
+        self.publish_inflight(&table, endpoint);
+    }
+
+    fn publish_inflight(&mut self, table: &InFlightTable, endpoint: Endpoint) {
+        let n = table.get(&endpoint).requests;
+        self.stats
+            .endpoint_gauge(endpoint, EndpointGauge::InflightRequests, n as u64);
+    }
+}

@@ -1,0 +1,434 @@
+//! Test harness: real processes on loopback. `Sim` runs `kvroute-sim` pods,
+//! `Envoy` runs the real Envoy with the built `kvroute.wasm` through
+//! `./build.sh serve --no-build` (the same path users take). Both are killed
+//! when dropped. Nothing here mocks Envoy.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A base port with `n` consecutive free ports.
+pub fn free_port_block(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + (fastrand::u16(..) % 30_000);
+        let ok = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if ok {
+            return base;
+        }
+    }
+    panic!("no block of {n} free ports");
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// A plain HTTP response.
+#[derive(Debug)]
+pub struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// Body text.
+    pub body: String,
+}
+
+impl Reply {
+    /// First value of a header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+    /// The simulator pod that answered (its `x-kvroute-sim-pod` header).
+    pub fn pod(&self) -> Option<usize> {
+        self.header("x-kvroute-sim-pod")
+            .and_then(|v| v.parse().ok())
+    }
+    /// Body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+fn reply(r: ureq::http::Response<ureq::Body>) -> Reply {
+    let status = r.status().as_u16();
+    let headers = r
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    let body = r
+        .into_body()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .unwrap_or_default();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// GET `url`.
+pub fn get(url: &str) -> Reply {
+    reply(
+        agent()
+            .get(url)
+            .call()
+            .unwrap_or_else(|e| panic!("GET {url}: {e}")),
+    )
+}
+
+/// Tries GET `url`; `None` on a connection error.
+pub fn try_get(url: &str) -> Option<Reply> {
+    agent().get(url).call().ok().map(reply)
+}
+
+/// POST a JSON body.
+pub fn post_json(url: &str, body: &Value) -> Reply {
+    post_raw(
+        url,
+        "application/json",
+        serde_json::to_vec(body).unwrap(),
+        &[],
+    )
+}
+
+/// POST raw bytes with extra headers.
+pub fn post_raw(url: &str, content_type: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Reply {
+    let mut req = agent().post(url).header("content-type", content_type);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    reply(
+        req.send(&body[..])
+            .unwrap_or_else(|e| panic!("POST {url}: {e}")),
+    )
+}
+
+/// Sends raw bytes on a fresh connection and reads the whole response
+/// (`Connection: close` requests). For header case and repetition tests.
+pub fn raw_http(port: u16, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `kvroute-sim` pods in one child process.
+pub struct Sim {
+    child: Child,
+    /// Port of pod 0; pod i listens on `base_port + i`.
+    pub base_port: u16,
+    /// Number of pods.
+    pub pods: usize,
+}
+
+impl Sim {
+    /// Starts `pods` pods with extra CLI arguments and waits until all answer.
+    pub fn start(pods: usize, extra: &[&str]) -> Sim {
+        let bin = std::env::var("KVROUTE_SIM")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root().join("target/release/kvroute-sim"));
+        assert!(
+            bin.exists(),
+            "{} missing: run ./build.sh build",
+            bin.display()
+        );
+        let base_port = free_port_block(pods as u16);
+        let child = Command::new(&bin)
+            .args([
+                "--pods",
+                &pods.to_string(),
+                "--base-port",
+                &base_port.to_string(),
+                "--seed",
+                "7",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let sim = Sim {
+            child,
+            base_port,
+            pods,
+        };
+        for i in 0..pods {
+            let url = sim.url(i, "/health");
+            wait_until(&url, Duration::from_secs(20), || {
+                try_get(&url).is_some_and(|r| r.status == 200)
+            });
+        }
+        sim
+    }
+
+    /// `127.0.0.1:<port of pod i>`.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.base_port as usize + i)
+    }
+
+    /// All pods' endpoints.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.pods).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// URL of `path` on pod i, directly.
+    pub fn url(&self, i: usize, path: &str) -> String {
+        format!("http://{}{}", self.endpoint(i), path)
+    }
+
+    /// Sets a fault on pod i (`POST /sim/fault`).
+    pub fn fault(&self, i: usize, fault: Value) {
+        let r = post_json(&self.url(i, "/sim/fault"), &fault);
+        assert!(r.status < 300, "fault {fault}: {} {}", r.status, r.body);
+    }
+
+    /// `GET /sim/state` of pod i.
+    pub fn state(&self, i: usize) -> Value {
+        get(&self.url(i, "/sim/state")).json()
+    }
+
+    /// Value of an unlabelled-or-first sample of `metric` in pod i's `/metrics`.
+    pub fn metric(&self, i: usize, metric: &str) -> f64 {
+        metric_value(&get(&self.url(i, "/metrics")).body, metric).unwrap_or(0.0)
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// First sample of `name` in Prometheus text (name followed by `{` or space).
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            return None;
+        }
+        rest.rsplit(' ').next()?.trim().parse().ok()
+    })
+}
+
+/// Sum of every sample of `name` (all label sets) in Prometheus text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                return None;
+            }
+            rest.rsplit(' ').next()?.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// The real Envoy with kvroute, started through `./build.sh serve --no-build`.
+pub struct Envoy {
+    child: Child,
+    /// Listener port.
+    pub port: u16,
+    /// Admin port.
+    pub admin: u16,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// A fresh directory under the system temp dir.
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "kvroute-{tag}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Envoy {
+    /// Starts Envoy in front of `endpoints` with the plugin `config` (its
+    /// `endpoints` field is set from `endpoints`); panics if it does not
+    /// become ready.
+    pub fn start(endpoints: &[String], config: Value, concurrency: usize) -> Envoy {
+        match Envoy::try_start(endpoints, config, concurrency) {
+            Ok(e) => e,
+            Err(log) => panic!("Envoy did not start:\n{log}"),
+        }
+    }
+
+    /// Like [`Envoy::start`], but returns Envoy's log if it exits or does not
+    /// become ready within 20 s.
+    pub fn try_start(
+        endpoints: &[String],
+        mut config: Value,
+        concurrency: usize,
+    ) -> Result<Envoy, String> {
+        let dir = TempDir::new("envoy");
+        config["endpoints"] = Value::from(endpoints.to_vec());
+        let config_path = dir.0.join("kvroute.json");
+        std::fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        let log = dir.0.join("envoy.log");
+        let (port, admin) = (free_port(), free_port());
+        let mut child = Command::new(root().join("build.sh"))
+            .args(["serve", "--no-build"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin", &format!("127.0.0.1:{admin}")])
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--config", config_path.to_str().unwrap()])
+            .args(["--out", dir.0.join("envoy.yaml").to_str().unwrap()])
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::from(
+                std::fs::File::options().append(true).open(&log).unwrap(),
+            ))
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            let ready = try_get(&format!("http://127.0.0.1:{admin}/ready"))
+                .is_some_and(|r| r.status == 200)
+                && TcpStream::connect(("127.0.0.1", port)).is_ok();
+            if ready {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Envoy {
+            child,
+            port,
+            admin,
+            log,
+            _dir: dir,
+        })
+    }
+
+    /// URL of `path` through kvroute.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// Envoy's `/stats/prometheus` text.
+    pub fn prometheus(&self) -> String {
+        get(&format!("http://127.0.0.1:{}/stats/prometheus", self.admin)).body
+    }
+
+    /// Value of a stat from `/stats?format=json` (exact name), 0 when absent.
+    pub fn stat(&self, name: &str) -> f64 {
+        let v = get(&format!(
+            "http://127.0.0.1:{}/stats?format=json&filter=^{}$",
+            self.admin,
+            name.replace('.', "\\.")
+        ))
+        .json();
+        v["stats"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == name))
+            .and_then(|s| s["value"].as_f64())
+            .unwrap_or(0.0)
+    }
+
+    /// Envoy's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Path of the log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads an SSE response incrementally over a raw connection: returns
+/// (elapsed time at each `data:` event, the events).
+pub fn sse_events(port: u16, path: &str, body: &Value) -> (Vec<Duration>, Vec<String>) {
+    let payload = serde_json::to_vec(body).unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: kvroute\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        payload.len()
+    );
+    let start = Instant::now();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&payload).unwrap();
+    let mut reader = BufReader::new(s);
+    let (mut times, mut events) = (Vec::new(), Vec::new());
+    let mut line = String::new();
+    while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+        if let Some(ev) = line.trim_end().strip_prefix("data: ") {
+            times.push(start.elapsed());
+            events.push(ev.to_string());
+        }
+        line.clear();
+    }
+    (times, events)
+}
