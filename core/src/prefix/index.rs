@@ -450,3 +450,238 @@ impl PrefixIndex {
         self.slots[s].head = n;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn ep(i: u32) -> Endpoint {
+        format!("10.0.{}.{}:8000", i / 256, i % 256).parse().unwrap()
+    }
+
+    #[test]
+    fn longest_prefix_counts_consecutive_leading_blocks() {
+        let mut ix = PrefixIndex::new(100);
+        ix.record(ep(1), &[1, 2, 3, 4]);
+        ix.record(ep(2), &[1, 2, 9]);
+        ix.record(ep(3), &[5, 6]);
+        ix.record(ep(4), &[1, 3]); // holds 1 and 3 but not 2
+        let cases: [(&[u64], Vec<(Endpoint, usize)>); 8] = [
+            (&[1, 2, 3, 4, 5], vec![(ep(1), 4), (ep(2), 2), (ep(4), 1)]),
+            (&[1, 2, 9], vec![(ep(2), 3), (ep(1), 2), (ep(4), 1)]),
+            (&[1], vec![(ep(1), 1), (ep(2), 1), (ep(4), 1)]),
+            (&[5, 6, 7], vec![(ep(3), 2)]),
+            (&[2, 3], vec![(ep(1), 2), (ep(2), 1)]), // any block may start a query
+            (&[9, 5], vec![(ep(2), 1)]),
+            (&[], vec![]),
+            (&[7, 1, 2], vec![]), // block 0 held by nobody
+        ];
+        for (q, want) in cases {
+            assert_eq!(ix.longest_prefix(q), want, "query {q:?}");
+        }
+        assert_eq!(ix.len(ep(1)), 4);
+        assert_eq!(ix.len(ep(9)), 0);
+        assert_eq!(ix.distinct_blocks(), 7);
+        assert_eq!(ix.total_len(), 11);
+        assert!(ix.contains(ep(4), 3) && !ix.contains(ep(4), 2));
+    }
+
+    #[test]
+    fn lru_bound_holds_per_endpoint() {
+        let mut ix = PrefixIndex::new(10);
+        for r in 0..200u64 {
+            let e = ep((r % 3) as u32);
+            let blocks: Vec<u64> = (0..(r % 7 + 1)).map(|i| r * 1000 + i).collect();
+            ix.record(e, &blocks);
+            for i in 0..3 {
+                assert!(ix.len(ep(i)) <= 10);
+            }
+        }
+        assert_eq!(ix.total_len(), 30);
+        assert_eq!(ix.distinct_blocks(), 30);
+    }
+
+    #[test]
+    fn eviction_drops_tails_before_heads() {
+        let mut ix = PrefixIndex::new(6);
+        let a = [10, 11, 12, 13];
+        let b = [20, 21, 22, 23];
+        ix.record(ep(1), &a);
+        ix.record(ep(1), &b);
+        // a's tail (13, 12) went first; a's head survives.
+        assert_eq!(ix.longest_prefix(&a), vec![(ep(1), 2)]);
+        assert_eq!(ix.longest_prefix(&b), vec![(ep(1), 4)]);
+        assert!(!ix.contains(ep(1), 13) && !ix.contains(ep(1), 12));
+    }
+
+    #[test]
+    fn record_longer_than_capacity_keeps_the_head() {
+        let mut ix = PrefixIndex::new(3);
+        let blocks: Vec<u64> = (1..=10).collect();
+        ix.record(ep(1), &blocks);
+        assert_eq!(ix.len(ep(1)), 3);
+        assert_eq!(ix.longest_prefix(&blocks), vec![(ep(1), 3)]);
+    }
+
+    #[test]
+    fn re_recording_touches() {
+        let mut ix = PrefixIndex::new(4);
+        ix.record(ep(1), &[1, 2]);
+        ix.record(ep(1), &[3, 4]);
+        ix.record(ep(1), &[1, 2]); // now [3,4] is older
+        ix.record(ep(1), &[5]);
+        assert!(ix.contains(ep(1), 2), "touched block evicted");
+        assert!(!ix.contains(ep(1), 4), "tail of the older prefix kept");
+        assert!(ix.contains(ep(1), 3));
+    }
+
+    #[test]
+    fn set_capacity_shrinks_tail_first_and_grows() {
+        let mut ix = PrefixIndex::new(100);
+        let blocks: Vec<u64> = (1..=8).collect();
+        ix.record(ep(1), &blocks);
+        ix.set_capacity(ep(1), 5);
+        assert_eq!(ix.capacity(ep(1)), 5);
+        assert_eq!(ix.longest_prefix(&blocks), vec![(ep(1), 5)]);
+        ix.set_capacity(ep(1), 0);
+        assert_eq!(ix.len(ep(1)), 0);
+        assert!(ix.is_empty());
+        ix.record(ep(1), &blocks);
+        assert_eq!(ix.len(ep(1)), 0, "capacity 0 holds nothing");
+        ix.set_capacity(ep(1), 8);
+        ix.record(ep(1), &blocks);
+        assert_eq!(ix.longest_prefix(&blocks), vec![(ep(1), 8)]);
+        // A capacity set before any record applies to the first record.
+        ix.set_capacity(ep(2), 2);
+        ix.record(ep(2), &blocks);
+        assert_eq!(ix.len(ep(2)), 2);
+        // Unknown endpoints report the default; huge values are clamped.
+        assert_eq!(ix.capacity(ep(3)), 100);
+        ix.set_capacity(ep(3), usize::MAX);
+        assert_eq!(ix.capacity(ep(3)), MAX_CAPACITY);
+    }
+
+    #[test]
+    fn shared_blocks_survive_one_holders_eviction() {
+        let mut ix = PrefixIndex::new(3);
+        for i in 0..5 {
+            ix.record(ep(i), &[1, 2, 3]);
+        }
+        // Evict from the middle of the holder chains.
+        ix.record(ep(2), &[7, 8, 9]);
+        let got = ix.longest_prefix(&[1, 2, 3]);
+        assert_eq!(got, vec![(ep(0), 3), (ep(1), 3), (ep(3), 3), (ep(4), 3)]);
+        assert_eq!(ix.longest_prefix(&[7, 8]), vec![(ep(2), 2)]);
+    }
+
+    #[test]
+    fn retain_forgets_endpoints_and_reuses_slots() {
+        let mut ix = PrefixIndex::new(10);
+        ix.record(ep(1), &[1, 2]);
+        ix.record(ep(2), &[1, 2, 3]);
+        ix.record(ep(3), &[4]);
+        ix.retain(&[ep(2), ep(9)]);
+        assert_eq!(ix.endpoint_count(), 1);
+        assert_eq!(ix.longest_prefix(&[1, 2, 3]), vec![(ep(2), 3)]);
+        assert!(ix.longest_prefix(&[4]).is_empty());
+        assert_eq!(ix.len(ep(1)), 0);
+        assert_eq!(ix.distinct_blocks(), 3);
+        ix.record(ep(5), &[4, 5]);
+        ix.record(ep(1), &[1]);
+        assert_eq!(ix.longest_prefix(&[4, 5]), vec![(ep(5), 2)]);
+        assert_eq!(ix.longest_prefix(&[1, 2]), vec![(ep(2), 2), (ep(1), 1)]);
+        ix.retain(&[]);
+        assert!(ix.is_empty());
+        assert_eq!(ix.endpoint_count(), 0);
+        assert_eq!(ix.total_len(), 0);
+    }
+
+    #[test]
+    fn endpoint_count_is_bounded() {
+        let mut ix = PrefixIndex::new(1);
+        for i in 0..(MAX_ENDPOINTS as u32 + 10) {
+            ix.record(ep(i), &[u64::from(i)]);
+        }
+        assert_eq!(ix.endpoint_count(), MAX_ENDPOINTS);
+        assert_eq!(ix.len(ep(MAX_ENDPOINTS as u32 + 1)), 0);
+        assert!(format!("{ix:?}").contains("endpoints: 4096"));
+    }
+
+    /// Reference model: per endpoint a Vec of blocks, most recent first.
+    #[derive(Default)]
+    struct Naive {
+        lists: std::collections::BTreeMap<Endpoint, (usize, Vec<u64>)>,
+    }
+
+    impl Naive {
+        fn entry(&mut self, e: Endpoint, default: usize) -> &mut (usize, Vec<u64>) {
+            self.lists.entry(e).or_insert((default, Vec::new()))
+        }
+        fn record(&mut self, e: Endpoint, blocks: &[u64], default: usize) {
+            let (cap, list) = self.entry(e, default);
+            let cap = *cap;
+            for &b in blocks[..cap.min(blocks.len())].iter().rev() {
+                if let Some(p) = list.iter().position(|&x| x == b) {
+                    list.remove(p);
+                } else if list.len() >= cap {
+                    list.pop();
+                }
+                list.insert(0, b);
+            }
+        }
+        fn set_capacity(&mut self, e: Endpoint, cap: usize, default: usize) {
+            let entry = self.entry(e, default);
+            entry.0 = cap;
+            entry.1.truncate(cap);
+        }
+        fn longest_prefix(&self, q: &[u64]) -> Vec<(Endpoint, usize)> {
+            let mut out: Vec<_> = self
+                .lists
+                .iter()
+                .map(|(e, (_, l))| (*e, q.iter().take_while(|b| l.contains(b)).count()))
+                .filter(|&(_, k)| k > 0)
+                .collect();
+            out.sort_unstable_by_key(|&(e, k)| (Reverse(k), e));
+            out
+        }
+    }
+
+    #[test]
+    fn matches_a_naive_model_under_random_operations() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let default = 12;
+        let mut ix = PrefixIndex::new(default);
+        let mut naive = Naive::default();
+        // Prompts share prefixes: conversation c, turn t -> blocks c*100 + 0..len.
+        for step in 0..4000 {
+            let e = ep(rng.u32(0..6));
+            let conv = rng.u64(0..8);
+            let len = rng.usize(0..10);
+            let blocks: Vec<u64> = (0..len as u64).map(|i| conv * 100 + i).collect();
+            match rng.u32(0..20) {
+                0 => {
+                    let cap = rng.usize(0..16);
+                    ix.set_capacity(e, cap);
+                    naive.set_capacity(e, cap, default);
+                }
+                1 if step % 50 == 0 => {
+                    let pool: Vec<Endpoint> = (0..6).filter(|_| rng.bool()).map(ep).collect();
+                    ix.retain(&pool);
+                    naive.lists.retain(|e, _| pool.contains(e));
+                }
+                2..=9 => {
+                    assert_eq!(ix.longest_prefix(&blocks), naive.longest_prefix(&blocks));
+                }
+                _ => {
+                    ix.record(e, &blocks);
+                    naive.record(e, &blocks, default);
+                }
+            }
+            for (e, (_, l)) in &naive.lists {
+                assert_eq!(ix.len(*e), l.len(), "step {step}");
+            }
+        }
+    }
+}
