@@ -1,9 +1,64 @@
-//! The decision: filters, then weighted scorers, then a picker. STUB: contract only.
+//! The routing decision: filters, then weighted scorers, then a picker, in
+//! the Filter -> Score -> Pick shape of llm-d's Endpoint Picker.
+//!
+//! ```text
+//! candidates --filters--> kept --scorers (clamp 0..1, x weight, sum)--> score per kept
+//!            --picker (max; random tie-break; cold: least recently picked)--> Decision
+//! ```
+//!
+//! Layout: contracts in [`plugin`], one file per filter in [`filter`] and
+//! per scorer in [`scorer`], the picker in [`picker`], the two profiles in
+//! [`profile`]. Each file's `//!` comment has its formula.
+//!
+//! ## Weights (defaults) and why
+//!
+//! `prefix 3, queue 2, kv_cache 2` are llm-d's defaults. kvroute adds
+//! `inflight_requests 2` and `inflight_tokens 1`, and floors the min-max
+//! range of the request-count scorers at `min_range_requests = 4` (tokens:
+//! `min_range_tokens = 4096`), so that:
+//!
+//! - **A full prefix match survives small load differences**: a difference
+//!   of `d` requests costs at most `(2 + 2) * min(d / 4, 1)`, so a 100%
+//!   match (3 points) stays until its endpoint has about 3 requests more
+//!   than the best one, and never leaves an endpoint only because kvroute
+//!   has more requests running there while the engine is not queueing
+//!   (in-flight alone costs at most 2 < 3).
+//! - **A 100%-matched endpoint with a long queue loses**: queue (2) +
+//!   in-flight requests (2) alone outweigh the prefix (3), before KV usage
+//!   (an engine that queues is usually out of KV: up to 2 more) and tokens.
+//! - **A fresh conversation never picks a loaded endpoint**: with no match
+//!   anywhere only load is scored, and every load scorer is immediate
+//!   (in-flight is updated by the filter at routing time, not at the next
+//!   scrape), so even a burst between two scrapes spreads; the cold rule of
+//!   the picker then rotates among equally loaded endpoints.
+//!
+//! ## Rules of the engine
+//!
+//! - Scores are clamped to [0, 1] (`NaN` -> 0) before weighting; a weight
+//!   of 0 skips the scorer.
+//! - A candidate without a fresh snapshot gets the neutral 0.5 from the
+//!   snapshot-based scorers (queue, kv_cache); the in-flight scorers and
+//!   the prefix still apply, since kvroute knows those itself.
+//! - [`Reason`]: `Fallback` if the health filter kept unhealthy endpoints;
+//!   else `Cold` if no kept candidate holds any block (or the request has
+//!   none); else `Prefix` if the chosen endpoint holds blocks and that
+//!   decided the pick (the affinity filter narrowed the set, or, rescored
+//!   as if it held no block, it would no longer be strictly best; a lone
+//!   candidate counts as decided by its prefix); else `Load`.
+//! - Pure: same inputs and RNG seed, same decision. The RNG is only drawn
+//!   from to break ties.
+
+pub mod filter;
+pub mod picker;
+pub mod plugin;
+pub mod profile;
+pub mod scorer;
 
 use crate::config::SchedulingConfig;
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
 use crate::metrics::MetricsSnapshot;
+use plugin::{Context, Note};
 
 /// One endpoint as the scheduler sees it for one request.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +99,18 @@ pub enum Reason {
     Fallback,
 }
 
+impl Reason {
+    /// Lowercase name, for stats and the debug header.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::Prefix => "prefix",
+            Reason::Load => "load",
+            Reason::Cold => "cold",
+            Reason::Fallback => "fallback",
+        }
+    }
+}
+
 /// The outcome of scheduling one request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
@@ -53,7 +120,8 @@ pub struct Decision {
     pub reason: Reason,
     /// Leading blocks the chosen endpoint holds.
     pub matched_blocks: usize,
-    /// Final weighted score of each scored candidate.
+    /// Final weighted score of each scored candidate (those that passed the
+    /// filters), in candidate order.
     pub scores: Vec<(Endpoint, f64)>,
 }
 
@@ -71,23 +139,510 @@ impl Scheduler {
         }
     }
 
+    /// The configuration in use.
+    pub fn config(&self) -> &SchedulingConfig {
+        &self.config
+    }
+
     /// Picks an endpoint; `None` only when `candidates` is empty.
     pub fn pick(
         &self,
-        _req: &RequestFacts,
+        req: &RequestFacts,
         candidates: &[Candidate],
         rng: &mut fastrand::Rng,
     ) -> Option<Decision> {
-        let _ = &self.config;
         if candidates.is_empty() {
             return None;
         }
-        let c = &candidates[rng.usize(..candidates.len())];
+        let spec = profile::spec(self.config.profile);
+        let ctx = Context {
+            req,
+            candidates,
+            config: &self.config,
+        };
+        let mut kept: Vec<usize> = (0..candidates.len()).collect();
+        let mut fallback = false;
+        let mut affinity_narrowed = false;
+        for f in spec.filters {
+            let before = kept.len();
+            match f.filter(&ctx, &mut kept) {
+                Some(Note::Fallback) => fallback = true,
+                Some(Note::AffinityKept) => affinity_narrowed = kept.len() < before,
+                Some(Note::GateOpen) | None => {}
+            }
+            if kept.is_empty() {
+                // A filter broke its contract: ignore it rather than fail.
+                kept = (0..candidates.len()).collect();
+            }
+        }
+
+        let total = self.score(&ctx, &kept);
+        let cold = req.total_blocks == 0 || kept.iter().all(|&i| candidates[i].matched_blocks == 0);
+        let w = &self.config.weights;
+        let weight_sum = spec
+            .scorers
+            .iter()
+            .map(|s| s.weight(w))
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .sum::<f64>();
+        let last: Vec<Option<u64>> = kept.iter().map(|&i| candidates[i].last_picked_ms).collect();
+        let margin = cold.then_some(self.config.cold_margin * weight_sum);
+        let k = picker::pick(&total, &last, margin, rng)?;
+        let chosen = &candidates[kept[k]];
+
+        let reason = if fallback {
+            Reason::Fallback
+        } else if cold {
+            Reason::Cold
+        } else if chosen.matched_blocks > 0
+            && (affinity_narrowed || !self.wins_without_prefix(req, candidates, &kept, k))
+        {
+            Reason::Prefix
+        } else {
+            Reason::Load
+        };
         Some(Decision {
-            endpoint: c.endpoint,
-            reason: Reason::Load,
-            matched_blocks: c.matched_blocks,
-            scores: vec![],
+            endpoint: chosen.endpoint,
+            reason,
+            matched_blocks: chosen.matched_blocks,
+            scores: kept
+                .iter()
+                .zip(&total)
+                .map(|(&i, &s)| (candidates[i].endpoint, s))
+                .collect(),
         })
+    }
+}
+
+impl Scheduler {
+    /// Weighted score of each kept candidate (clamped, weighted, summed).
+    fn score(&self, ctx: &Context, kept: &[usize]) -> Vec<f64> {
+        let spec = profile::spec(self.config.profile);
+        let mut total = vec![0.0; kept.len()];
+        let mut raw = Vec::with_capacity(kept.len());
+        for s in spec.scorers {
+            let weight = s.weight(&self.config.weights);
+            if weight <= 0.0 || !weight.is_finite() {
+                continue;
+            }
+            s.score(ctx, kept, &mut raw);
+            raw.resize(kept.len(), 0.0);
+            for (t, r) in total.iter_mut().zip(&raw) {
+                *t += if r.is_nan() { 0.0 } else { r.clamp(0.0, 1.0) } * weight;
+            }
+        }
+        total
+    }
+
+    /// Whether kept candidate `k` would still score at least as well as
+    /// every other if it held no block of the request (the counterfactual
+    /// that tells `Prefix` from `Load`). A lone candidate does not.
+    fn wins_without_prefix(
+        &self,
+        req: &RequestFacts,
+        candidates: &[Candidate],
+        kept: &[usize],
+        k: usize,
+    ) -> bool {
+        if kept.len() < 2 {
+            return false;
+        }
+        let mut cf = candidates.to_vec();
+        cf[kept[k]].matched_blocks = 0;
+        let ctx = Context {
+            req,
+            candidates: &cf,
+            config: &self.config,
+        };
+        let total = self.score(&ctx, kept);
+        total
+            .iter()
+            .enumerate()
+            .all(|(j, &t)| j == k || total[k] > t + picker::EPS)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    /// A healthy candidate `10.0.0.<i+1>:8000` with an idle fresh snapshot.
+    pub fn cand(i: usize) -> Candidate {
+        Candidate {
+            endpoint: format!("10.0.0.{}:8000", i + 1).parse().unwrap(),
+            snapshot: Some(MetricsSnapshot {
+                waiting: 0.0,
+                running: 0.0,
+                kv_usage: Some(0.1),
+                kv_capacity_tokens: None,
+            }),
+            healthy: true,
+            matched_blocks: 0,
+            inflight: InFlight::default(),
+            last_picked_ms: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::cand;
+    use super::*;
+    use crate::config::{Profile, Weights};
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn sched(profile: Profile) -> Scheduler {
+        Scheduler::new(&SchedulingConfig {
+            profile,
+            ..SchedulingConfig::default()
+        })
+    }
+
+    fn req(blocks: usize) -> RequestFacts {
+        RequestFacts {
+            total_blocks: blocks,
+            prompt_tokens: blocks as u64 * 64,
+        }
+    }
+
+    fn loaded(i: usize, waiting: f64, running: f64, kv: f64, inflight: u32) -> Candidate {
+        let mut c = cand(i);
+        c.snapshot = Some(MetricsSnapshot {
+            waiting,
+            running,
+            kv_usage: Some(kv),
+            kv_capacity_tokens: None,
+        });
+        c.inflight.requests = inflight;
+        c
+    }
+
+    #[test]
+    fn empty_pool_is_none() {
+        let s = sched(Profile::Weighted);
+        assert_eq!(s.pick(&req(4), &[], &mut fastrand::Rng::with_seed(1)), None);
+    }
+
+    type Case = (
+        &'static str,
+        &'static [Profile],
+        usize,
+        Vec<Candidate>,
+        usize,
+        Reason,
+    );
+
+    #[test]
+    fn reasons_table() {
+        const BOTH: &[Profile] = &[Profile::Weighted, Profile::AffinityGate];
+        let mut unhealthy = vec![cand(0), cand(1)];
+        unhealthy.iter_mut().for_each(|c| c.healthy = false);
+        let mut sticky = vec![cand(0), cand(1), cand(2)];
+        sticky[1].matched_blocks = 10;
+        let mut low_match_on_loaded = vec![loaded(0, 6.0, 10.0, 0.9, 16), cand(1)];
+        low_match_on_loaded[0].matched_blocks = 2;
+        let mut match_on_idle = vec![cand(0), loaded(1, 4.0, 8.0, 0.8, 12)];
+        match_on_idle[0].matched_blocks = 2;
+        // (what, profiles, request blocks, candidates, endpoint index, reason)
+        let cases: Vec<Case> = vec![
+            ("all unhealthy", BOTH, 10, unhealthy, 9, Reason::Fallback),
+            (
+                "cold",
+                BOTH,
+                10,
+                vec![cand(0), loaded(1, 3.0, 0.0, 0.5, 3)],
+                0,
+                Reason::Cold,
+            ),
+            ("no blocks is cold", BOTH, 0, vec![cand(0)], 0, Reason::Cold),
+            ("sticky", BOTH, 10, sticky, 1, Reason::Prefix),
+            (
+                "match elsewhere, load wins",
+                BOTH,
+                10,
+                low_match_on_loaded,
+                1,
+                Reason::Load,
+            ),
+            (
+                "match on least loaded: load decided",
+                BOTH,
+                10,
+                match_on_idle,
+                0,
+                Reason::Load,
+            ),
+        ];
+        for (what, profiles, blocks, cands, want, reason) in cases {
+            for &p in profiles {
+                let d = sched(p)
+                    .pick(&req(blocks), &cands, &mut fastrand::Rng::with_seed(3))
+                    .unwrap();
+                assert_eq!(d.reason, reason, "{what} {p:?}");
+                if want != 9 {
+                    assert_eq!(d.endpoint, cands[want].endpoint, "{what} {p:?}");
+                }
+                assert_eq!(
+                    d.matched_blocks,
+                    cands
+                        .iter()
+                        .find(|c| c.endpoint == d.endpoint)
+                        .unwrap()
+                        .matched_blocks
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unhealthy_endpoints_are_not_scored() {
+        let mut cands = vec![cand(0), cand(1), cand(2)];
+        cands[1].healthy = false;
+        cands[1].matched_blocks = 10;
+        let d = sched(Profile::Weighted)
+            .pick(&req(10), &cands, &mut fastrand::Rng::with_seed(1))
+            .unwrap();
+        assert_ne!(d.endpoint, cands[1].endpoint);
+        assert_eq!(d.reason, Reason::Cold);
+        let scored: Vec<_> = d.scores.iter().map(|(e, _)| *e).collect();
+        assert_eq!(scored, vec![cands[0].endpoint, cands[2].endpoint]);
+    }
+
+    #[test]
+    fn scores_are_the_weighted_sums() {
+        let mut a = loaded(0, 0.0, 0.0, 0.5, 0);
+        a.matched_blocks = 5;
+        let b = loaded(1, 8.0, 0.0, 0.0, 4);
+        let d = sched(Profile::Weighted)
+            .pick(
+                &req(10),
+                &[a.clone(), b.clone()],
+                &mut fastrand::Rng::with_seed(1),
+            )
+            .unwrap();
+        // a: prefix 3*0.5 + queue 2*1 + kv 2*0.5 + req 2*1 + tokens 1*1 = 7.5
+        //    (tokens: a = 320 uncached, b = 640: 320 apart < 4096 floor -> 1 - 320/4096)
+        // b: 0 + 0 + 2*1 + 2*0 + 1*(1 - 320/4096)... b is the larger -> lower
+        let t = 320.0 / 4096.0;
+        let want_a = 1.5 + 2.0 + 1.0 + 2.0 + 1.0;
+        let want_b = 0.0 + 0.0 + 2.0 + 0.0 + (1.0 - t);
+        assert_eq!(d.scores.len(), 2);
+        assert!((d.scores[0].1 - want_a).abs() < 1e-9, "{:?}", d.scores);
+        assert!((d.scores[1].1 - want_b).abs() < 1e-9, "{:?}", d.scores);
+        assert_eq!(d.endpoint, a.endpoint);
+    }
+
+    #[test]
+    fn zero_weight_skips_a_scorer() {
+        let cfg = SchedulingConfig {
+            weights: Weights {
+                prefix: 0.0,
+                queue: 1.0,
+                kv_cache: 0.0,
+                inflight_requests: 0.0,
+                inflight_tokens: 0.0,
+            },
+            ..SchedulingConfig::default()
+        };
+        let mut a = loaded(0, 5.0, 0.0, 0.0, 0);
+        a.matched_blocks = 10;
+        let b = loaded(1, 0.0, 0.0, 1.0, 0);
+        let d = Scheduler::new(&cfg)
+            .pick(&req(10), &[a, b.clone()], &mut fastrand::Rng::with_seed(1))
+            .unwrap();
+        assert_eq!(d.endpoint, b.endpoint);
+        assert_eq!(d.scores[0].1, 0.0);
+        assert_eq!(d.scores[1].1, 1.0);
+        assert_eq!(d.reason, Reason::Load);
+    }
+
+    #[test]
+    fn deterministic_for_a_seed_and_random_across_seeds() {
+        let cands: Vec<_> = (0..4).map(cand).collect();
+        let s = sched(Profile::Weighted);
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let a = s
+                .pick(&req(4), &cands, &mut fastrand::Rng::with_seed(seed))
+                .unwrap();
+            let b = s
+                .pick(&req(4), &cands, &mut fastrand::Rng::with_seed(seed))
+                .unwrap();
+            assert_eq!(a, b);
+            seen.insert(a.endpoint);
+        }
+        assert_eq!(seen.len(), 4, "ties must be broken at random");
+    }
+
+    /// Simulates `n` requests within one scrape interval (snapshots frozen),
+    /// updating in-flight and last-picked between picks like the filter.
+    fn burst(
+        s: &Scheduler,
+        cands: &mut [Candidate],
+        n: usize,
+        blocks: usize,
+        seed: u64,
+    ) -> Vec<usize> {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut counts = vec![0; cands.len()];
+        for t in 0..n {
+            let d = s.pick(&req(blocks), cands, &mut rng).unwrap();
+            assert_eq!(d.reason, Reason::Cold);
+            let i = cands.iter().position(|c| c.endpoint == d.endpoint).unwrap();
+            counts[i] += 1;
+            cands[i].inflight.requests += 1;
+            cands[i].inflight.tokens += blocks as u64 * 64;
+            cands[i].last_picked_ms = Some(1_000 + t as u64);
+        }
+        counts
+    }
+
+    #[test]
+    fn cold_burst_spreads_over_all_endpoints() {
+        for profile in [Profile::Weighted, Profile::AffinityGate] {
+            for seed in 0..10 {
+                // Equal endpoints, and endpoints with slightly different KV
+                // usage (the classic hot spot: the lowest would take all).
+                for kv in [[0.1, 0.1, 0.1, 0.1], [0.10, 0.12, 0.14, 0.16]] {
+                    let mut cands: Vec<_> = (0..4).map(|i| loaded(i, 0.0, 0.0, kv[i], 0)).collect();
+                    let counts = burst(&sched(profile), &mut cands, 32, 8, seed);
+                    assert!(
+                        counts.iter().all(|&c| (6..=10).contains(&c)),
+                        "{profile:?} {kv:?} {counts:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cold_burst_avoids_a_loaded_endpoint() {
+        let s = sched(Profile::Weighted);
+        let mut cands: Vec<_> = (0..4).map(|i| loaded(i, 0.0, 2.0, 0.2, 2)).collect();
+        cands[3] = loaded(3, 12.0, 40.0, 0.95, 40);
+        let counts = burst(&s, &mut cands, 32, 8, 5);
+        assert_eq!(counts[3], 0, "{counts:?}");
+        assert!(counts[..3].iter().all(|&c| c >= 8), "{counts:?}");
+    }
+
+    #[test]
+    fn sticky_endpoint_with_a_huge_queue_loses() {
+        for profile in [Profile::Weighted, Profile::AffinityGate] {
+            // Even with equal KV usage and no in-flight difference, the queue
+            // alone must eventually win over a 100% match... with help from
+            // in-flight (kvroute's own burst) in the weighted profile.
+            let mut a = loaded(0, 40.0, 60.0, 0.5, 100);
+            a.matched_blocks = 10;
+            let b = loaded(1, 0.0, 10.0, 0.5, 10);
+            let d = sched(profile)
+                .pick(
+                    &req(10),
+                    &[a.clone(), b.clone()],
+                    &mut fastrand::Rng::with_seed(1),
+                )
+                .unwrap();
+            assert_eq!(d.endpoint, b.endpoint, "{profile:?} {:?}", d.scores);
+            assert_eq!(d.reason, Reason::Load, "{profile:?}");
+            // A realistic saturated endpoint (KV nearly full) loses even when
+            // kvroute is not the one that loaded it.
+            let mut a = loaded(0, 40.0, 60.0, 0.97, 0);
+            a.matched_blocks = 10;
+            let b = loaded(1, 0.0, 10.0, 0.3, 0);
+            let d = sched(profile)
+                .pick(&req(10), &[a, b.clone()], &mut fastrand::Rng::with_seed(1))
+                .unwrap();
+            assert_eq!(d.endpoint, b.endpoint, "{profile:?} {:?}", d.scores);
+        }
+    }
+
+    #[test]
+    fn sticky_endpoint_survives_small_load_differences() {
+        // (what, sticky candidate, match fraction of 10 blocks)
+        let cases = [
+            ("1 more waiting", loaded(0, 1.0, 4.0, 0.3, 5), 10),
+            (
+                "3 more in flight, not queueing",
+                loaded(0, 0.0, 7.0, 0.35, 7),
+                10,
+            ),
+            (
+                "8 more in flight, not queueing",
+                loaded(0, 0.0, 12.0, 0.4, 12),
+                10,
+            ),
+            ("2 more waiting, 80% match", loaded(0, 2.0, 4.0, 0.3, 6), 8),
+        ];
+        for profile in [Profile::Weighted, Profile::AffinityGate] {
+            for (what, mut a, m) in cases.clone() {
+                a.matched_blocks = m;
+                let others: Vec<_> = (1..4).map(|i| loaded(i, 0.0, 4.0, 0.3, 4)).collect();
+                let mut cands = vec![a.clone()];
+                cands.extend(others);
+                let d = sched(profile)
+                    .pick(&req(10), &cands, &mut fastrand::Rng::with_seed(9))
+                    .unwrap();
+                assert_eq!(d.endpoint, a.endpoint, "{what} {profile:?} {:?}", d.scores);
+                assert_eq!(d.reason, Reason::Prefix, "{what} {profile:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn fresh_conversation_avoids_a_loaded_endpoint_that_holds_a_shared_prefix() {
+        // Endpoint 0 holds the 20% system-prompt prefix but is busy.
+        let mut a = loaded(0, 3.0, 20.0, 0.8, 23);
+        a.matched_blocks = 2;
+        let cands = vec![a, loaded(1, 0.0, 3.0, 0.2, 3), loaded(2, 0.0, 2.0, 0.2, 2)];
+        let d = sched(Profile::Weighted)
+            .pick(&req(10), &cands, &mut fastrand::Rng::with_seed(2))
+            .unwrap();
+        assert_eq!(d.endpoint, cands[2].endpoint);
+        assert_eq!(d.reason, Reason::Load);
+    }
+
+    #[test]
+    fn stale_snapshot_gets_neutral_load_scores() {
+        let mut stale = cand(0);
+        stale.snapshot = None;
+        let fresh_busy = loaded(1, 10.0, 10.0, 0.9, 0);
+        let fresh_idle = loaded(2, 0.0, 0.0, 0.1, 0);
+        let d = sched(Profile::Weighted)
+            .pick(
+                &req(4),
+                &[stale, fresh_busy, fresh_idle],
+                &mut fastrand::Rng::with_seed(1),
+            )
+            .unwrap();
+        // stale: queue 0.5*2 + kv 0.5*2 + 2 + 1 = 5; busy: 0 + 0.2 + 3; idle: 2 + 1.8 + 3
+        let s: Vec<f64> = d.scores.iter().map(|x| (x.1 * 1e6).round() / 1e6).collect();
+        assert_eq!(s, vec![5.0, 3.2, 6.8]);
+    }
+
+    #[test]
+    fn affinity_gate_keeps_then_opens_as_a_sticky_endpoint_fills() {
+        let s = sched(Profile::AffinityGate);
+        let others: Vec<_> = (1..3).map(|i| loaded(i, 0.0, 8.0, 0.5, 0)).collect();
+        let mut picks = vec![];
+        for waiting in [0.0, 4.0, 8.0, 9.0, 30.0] {
+            let mut a = loaded(0, waiting, 8.0, 0.5, 0);
+            a.matched_blocks = 9;
+            let mut cands = vec![a];
+            cands.extend(others.clone());
+            let d = s
+                .pick(&req(10), &cands, &mut fastrand::Rng::with_seed(1))
+                .unwrap();
+            picks.push((d.endpoint == cands[0].endpoint, d.reason));
+        }
+        assert_eq!(
+            picks,
+            vec![
+                (true, Reason::Prefix),
+                (true, Reason::Prefix),
+                (true, Reason::Prefix),
+                (false, Reason::Load),
+                (false, Reason::Load),
+            ]
+        );
     }
 }

@@ -1,0 +1,156 @@
+//! The plugin contracts of the scheduler, in llm-d's Filter -> Score -> Pick
+//! shape, plus the small helpers the plugins share.
+//!
+//! - A [`Filter`] narrows the candidate set (indices into the request's
+//!   candidates) and may leave a [`Note`] for the decision's reason.
+//! - A [`Scorer`] gives each kept candidate a raw score, meant to be in
+//!   0..1 with 1 = best. Scorers are stateless and know nothing of weights:
+//!   the engine in `scheduler/mod.rs` clamps every score to [0, 1] (`NaN`
+//!   becomes 0), multiplies by the scorer's weight and sums; a weight of 0
+//!   skips the scorer entirely.
+//! - The picker (`scheduler/picker.rs`) takes the summed scores.
+//!
+//! Plugins are zero-sized and read their parameters from
+//! [`Context::config`], so a profile is a static list of plugin references.
+
+use super::{Candidate, RequestFacts};
+use crate::config::{SchedulingConfig, Weights};
+use std::fmt;
+
+/// Everything a plugin may read for one scheduling decision.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    /// The request.
+    pub req: &'a RequestFacts,
+    /// All candidates of the request (plugins see indices into this).
+    pub candidates: &'a [Candidate],
+    /// The scheduling configuration.
+    pub config: &'a SchedulingConfig,
+}
+
+/// What a filter observed, for the decision's [`Reason`](super::Reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// No candidate passed, so all were kept.
+    Fallback,
+    /// Prefix affinity removed candidates (the gate was closed).
+    AffinityKept,
+    /// Sticky candidates existed but the load gate opened.
+    GateOpen,
+}
+
+/// Narrows the candidate set.
+pub trait Filter: fmt::Debug + Sync {
+    /// Short stable name (for logs and docs).
+    fn name(&self) -> &'static str;
+    /// Removes indices from `kept` (which is non-empty on entry and must be
+    /// non-empty on return).
+    fn filter(&self, ctx: &Context, kept: &mut Vec<usize>) -> Option<Note>;
+}
+
+/// Scores kept candidates, 0..1, 1 = most desirable.
+pub trait Scorer: fmt::Debug + Sync {
+    /// Short stable name (for logs and docs).
+    fn name(&self) -> &'static str;
+    /// This scorer's weight in `weights`.
+    fn weight(&self, weights: &Weights) -> f64;
+    /// Writes one score per entry of `kept` into `out` (cleared first).
+    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>);
+}
+
+/// Score a candidate gets when the figure a scorer needs is unknown (no
+/// fresh snapshot): the middle of the range, so an endpoint kvroute cannot
+/// see is neither preferred nor shunned for it.
+pub const NEUTRAL: f64 = 0.5;
+
+/// Min-max normalization with a floor on the range: for values `xs` (lower
+/// is better), `1 - (x - min) / max(max - min, floor)`. `None` entries get
+/// [`NEUTRAL`] and do not take part in min/max. Equal values all score 1.
+pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
+    out.clear();
+    let known = xs.iter().flatten().copied().filter(|x| x.is_finite());
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for x in known {
+        lo = lo.min(x);
+        hi = hi.max(x);
+    }
+    let range = (hi - lo).max(floor);
+    for x in xs {
+        out.push(match x {
+            Some(x) if x.is_finite() => {
+                if range > 0.0 {
+                    1.0 - (x - lo) / range
+                } else {
+                    1.0
+                }
+            }
+            Some(_) => 0.0,
+            None => NEUTRAL,
+        });
+    }
+}
+
+/// The queue an endpoint has now, as best kvroute knows: the scraped
+/// `waiting`, plus, when the engine was already queueing at scrape time
+/// (`waiting > 0`), the requests kvroute has in flight beyond what the
+/// engine reported (`inflight.requests - (waiting + running)`): those were
+/// sent after the scrape and a saturated engine can only queue them. When
+/// the engine was not queueing they are most likely running, and the
+/// in-flight scorers account for them. `None` without a fresh snapshot.
+pub fn effective_queue(c: &Candidate) -> Option<f64> {
+    let s = c.snapshot?;
+    let waiting = s.waiting.max(0.0);
+    let excess = if waiting > 0.0 {
+        (f64::from(c.inflight.requests) - (waiting + s.running.max(0.0))).max(0.0)
+    } else {
+        0.0
+    };
+    Some(waiting + excess)
+}
+
+/// Prefix score of one candidate: matched blocks / request blocks, 0..1
+/// (0 when the request has no blocks).
+pub fn prefix_fraction(req: &RequestFacts, c: &Candidate) -> f64 {
+    if req.total_blocks == 0 {
+        return 0.0;
+    }
+    c.matched_blocks.min(req.total_blocks) as f64 / req.total_blocks as f64
+}
+
+/// Prompt tokens the candidate would still have to prefill for this
+/// request: the unmatched fraction of `prompt_tokens`.
+pub fn uncached_tokens(req: &RequestFacts, c: &Candidate) -> f64 {
+    if req.total_blocks == 0 {
+        return req.prompt_tokens as f64;
+    }
+    req.prompt_tokens as f64 * (1.0 - prefix_fraction(req, c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    type Case = (&'static [Option<f64>], f64, &'static [f64]);
+
+    #[test]
+    fn spread_table() {
+        let cases: &[Case] = &[
+            (&[Some(0.0), Some(10.0), Some(5.0)], 0.0, &[1.0, 0.0, 0.5]),
+            (&[Some(3.0), Some(3.0)], 0.0, &[1.0, 1.0]),
+            (&[Some(3.0), Some(3.0)], 4.0, &[1.0, 1.0]),
+            (&[Some(0.0), Some(1.0)], 4.0, &[1.0, 0.75]),
+            (&[Some(0.0), Some(1.0)], 0.0, &[1.0, 0.0]),
+            (&[Some(0.0), None, Some(8.0)], 4.0, &[1.0, NEUTRAL, 0.0]),
+            (&[None, None], 4.0, &[NEUTRAL, NEUTRAL]),
+            (&[Some(f64::NAN), Some(1.0)], 0.0, &[0.0, 1.0]),
+            (&[], 1.0, &[]),
+        ];
+        let mut out = Vec::new();
+        for (xs, floor, want) in cases {
+            spread_scores(xs, *floor, &mut out);
+            assert_eq!(&out[..], *want, "{xs:?} floor {floor}");
+        }
+    }
+}

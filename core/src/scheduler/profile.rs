@@ -1,0 +1,96 @@
+//! The two scheduling profiles (`scheduling.profile`), as static lists of
+//! plugins; the engine in `scheduler/mod.rs` runs them.
+//!
+//! | profile | filters | scorers (weight) | picker |
+//! |---|---|---|---|
+//! | `weighted` (default) | health | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1) | max score; cold: least recently picked |
+//! | `affinity_gate` | health, affinity gate | queue, kv_cache, inflight_requests, inflight_tokens | same |
+//!
+//! `weighted` is llm-d's default scorer profile (prefix 3 / queue 2 /
+//! kv-cache 2) plus kvroute's in-flight scorers. `affinity_gate` is the
+//! shape of llm-d's "optimized baseline": affinity is a hard filter with a
+//! load gate (`affinity_threshold`, `gate_max_queue_excess`) and only load
+//! is scored after it, with token load (`inflight_tokens`) included. Weights
+//! of 0 skip a scorer in either profile.
+
+use super::filter::{AffinityGateFilter, HealthFilter};
+use super::plugin::{Filter, Scorer};
+use super::scorer::{
+    InFlightRequestsScorer, InFlightTokensScorer, KvCacheScorer, PrefixScorer, QueueScorer,
+};
+use crate::config::Profile;
+
+/// One profile's plugins, in order.
+#[derive(Debug)]
+pub struct ProfileSpec {
+    /// Profile name as in the config.
+    pub name: &'static str,
+    /// Filters, applied in order.
+    pub filters: &'static [&'static dyn Filter],
+    /// Scorers, summed with their weights.
+    pub scorers: &'static [&'static dyn Scorer],
+}
+
+static WEIGHTED: ProfileSpec = ProfileSpec {
+    name: "weighted",
+    filters: &[&HealthFilter],
+    scorers: &[
+        &PrefixScorer,
+        &QueueScorer,
+        &KvCacheScorer,
+        &InFlightRequestsScorer,
+        &InFlightTokensScorer,
+    ],
+};
+
+static AFFINITY_GATE: ProfileSpec = ProfileSpec {
+    name: "affinity_gate",
+    filters: &[&HealthFilter, &AffinityGateFilter],
+    scorers: &[
+        &QueueScorer,
+        &KvCacheScorer,
+        &InFlightRequestsScorer,
+        &InFlightTokensScorer,
+    ],
+};
+
+/// The plugins of a profile.
+pub fn spec(profile: Profile) -> &'static ProfileSpec {
+    match profile {
+        Profile::Weighted => &WEIGHTED,
+        Profile::AffinityGate => &AFFINITY_GATE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn profiles_have_the_documented_plugins() {
+        let names = |s: &ProfileSpec| {
+            (
+                s.filters.iter().map(|f| f.name()).collect::<Vec<_>>(),
+                s.scorers.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            )
+        };
+        let (f, s) = names(spec(Profile::Weighted));
+        assert_eq!(f, ["health"]);
+        assert_eq!(
+            s,
+            [
+                "prefix",
+                "queue",
+                "kv-cache",
+                "inflight-requests",
+                "inflight-tokens"
+            ]
+        );
+        let (f, s) = names(spec(Profile::AffinityGate));
+        assert_eq!(f, ["health", "affinity-gate"]);
+        assert!(!s.contains(&"prefix"));
+        assert_eq!(spec(Profile::AffinityGate).name, "affinity_gate");
+    }
+}
