@@ -213,6 +213,11 @@ pub struct SchedulingConfig {
     /// Affinity filter load gate: ignore affinity when the sticky endpoints'
     /// queue exceeds the least loaded endpoint's by more than this.
     pub gate_max_queue_excess: f64,
+    /// Affinity filter token gate: also ignore affinity when the sticky
+    /// endpoints' in-flight uncached prompt tokens exceed the least loaded
+    /// endpoint's by more than this (llm-d's `maxTokensInFlightPenalty`;
+    /// `null` disables it).
+    pub gate_max_tokens_excess: Option<f64>,
     /// RNG seed for tie-breaks (random per VM when absent).
     pub seed: Option<u64>,
     /// Smallest spread (in requests) the queue and in-flight-requests
@@ -236,6 +241,7 @@ impl Default for SchedulingConfig {
             weights: Weights::default(),
             affinity_threshold: 0.8,
             gate_max_queue_excess: 8.0,
+            gate_max_tokens_excess: Some(286_720.0),
             seed: None,
             min_range_requests: 4.0,
             min_range_tokens: 4096.0,
@@ -484,6 +490,15 @@ impl Config {
                 "must be >= 0",
             ));
         }
+        if let Some(t) = s.gate_max_tokens_excess {
+            if !(t.is_finite() && t >= 0.0) {
+                return Err(err(
+                    "scheduling.gate_max_tokens_excess",
+                    t,
+                    "must be >= 0 (or null to disable)",
+                ));
+            }
+        }
         for (name, v, max) in [
             ("scheduling.min_range_requests", s.min_range_requests, 1e6),
             ("scheduling.min_range_tokens", s.min_range_tokens, 1e9),
@@ -567,6 +582,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.scheduling.min_range_requests, 0.0);
+        assert_eq!(c.scheduling.gate_max_tokens_excess, Some(286_720.0));
+        let c =
+            parse(r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":null}}"#)
+                .unwrap();
+        assert_eq!(c.scheduling.gate_max_tokens_excess, None);
     }
 
     #[test]
@@ -614,6 +634,10 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"cold_margin":2}}"#,
                 "scheduling.cold_margin",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":-5}}"#,
+                "scheduling.gate_max_tokens_excess",
             ),
             ("not json", "(config)"),
         ];
