@@ -49,13 +49,50 @@ def build_plugin_config(args) -> dict:
             sys.exit(f"render.py: {args.config} must hold a JSON object")
     if args.endpoints:
         config["endpoints"] = args.endpoints
-    if not config.get("endpoints"):
-        sys.exit("render.py: no endpoints: pass --endpoints or put them in --config")
+    if not config.get("endpoints") and not config.get("discovery"):
+        sys.exit("render.py: no endpoints: pass --endpoints or put them in --config (or enable discovery)")
     return config
 
 
+def fragment(name: str, values: dict) -> str:
+    """A template fragment from envoy/, filled in."""
+    with open(os.path.join(HERE, name)) as f:
+        return string.Template(f.read()).substitute(values).rstrip("\n")
+
+
+def indent(text: str, spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line if line.strip() else line for line in text.splitlines())
+
+
+def membership(args, endpoints) -> str:
+    """STATIC member list, or EDS from a watched file (live discovery)."""
+    if args.eds_file:
+        path = os.path.abspath(args.eds_file)
+        return "\n".join([
+            "  type: EDS",
+            "  eds_cluster_config:",
+            "    eds_config:",
+            "      resource_api_version: V3",
+            "      path_config_source:",
+            f"        path: {json.dumps(path)}",
+            f"        watched_directory: {{ path: {json.dumps(os.path.dirname(path))} }}",
+        ])
+    lines = ["  type: STATIC", "  load_assignment:", "    cluster_name: kvroute_upstream",
+             "    endpoints:", "      - lb_endpoints:"]
+    for e in endpoints:
+        host, port = host_port(e, "endpoint")
+        lines.append(f"          - endpoint: {{ address: {{ socket_address: {{ address: {json.dumps(host)}, port_value: {port} }} }} }}")
+    return "\n".join(lines)
+
+
 def render(args) -> str:
-    plugin = build_plugin_config(args)
+    baseline = args.lb != "kvroute"
+    plugin = {} if baseline else build_plugin_config(args)
+    endpoints = args.endpoints if baseline else plugin.get("endpoints", [])
+    if baseline and not (endpoints or args.eds_file):
+        sys.exit("render.py: baselines need --endpoints or --eds-file")
+    handoff = plugin.get("handoff", "original_dst")
     max_body = int(plugin.get("max_body_bytes", 8 * 1024 * 1024))
     listen_host, listen_port = args.listen
     admin_host, admin_port = args.admin
@@ -72,6 +109,25 @@ def render(args) -> str:
         "buffer_limit_bytes": max_body + 64 * 1024,
         "route_idle_timeout": args.idle_timeout,
     }
+    filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", values)]
+    filters.append(fragment("filter_router.yaml.tmpl", values))
+    if not baseline and handoff == "original_dst":
+        clusters = [fragment("cluster_original_dst.yaml.tmpl", values)]
+        retry = ""
+    else:
+        if baseline:
+            lb = f"  lb_policy: {args.lb.upper()}"
+        else:
+            lb = fragment("lb_override_host.yaml.tmpl", values)
+        clusters = [fragment("cluster_members.yaml.tmpl", dict(values, membership=membership(args, endpoints), lb=lb))]
+        retry = fragment("retry_policy.yaml.tmpl", values)
+    if not baseline and plugin.get("discovery"):
+        clusters.append(fragment("cluster_admin.yaml.tmpl", values))
+    values.update(
+        http_filters=indent("\n".join(filters), 18),
+        clusters=indent("\n".join(clusters), 4),
+        retry_policy=retry,
+    )
     with open(args.template) as f:
         return string.Template(f.read()).substitute(values)
 
@@ -84,6 +140,9 @@ def main(argv=None):
     p.add_argument("--config", help="plugin config JSON file (see docs/CONFIG.md); --endpoints overrides its endpoints")
     p.add_argument("--concurrency", type=int, default=2, help="Envoy worker threads")
     p.add_argument("--idle-timeout", default="300s", help="route idle timeout (longest silence in a stream)")
+    p.add_argument("--lb", choices=["kvroute", "round_robin", "least_request"], default="kvroute",
+                   help="kvroute, or a plain Envoy baseline without the filter (for comparisons)")
+    p.add_argument("--eds-file", help="take cluster members from this EDS file (watched; live discovery)")
     p.add_argument("--wasm", default=DEFAULT_WASM)
     p.add_argument("--template", default=os.path.join(HERE, "kvroute.yaml.tmpl"))
     p.add_argument("--envoy", default=os.environ.get("KVROUTE_ENVOY", DEFAULT_ENVOY))
@@ -109,8 +168,8 @@ def main(argv=None):
     cmd = [args.envoy, "-c", out, "--concurrency", str(args.concurrency),
            "--log-level", args.log_level, "--disable-hot-restart",
            "--base-id", str(os.getpid() % 100000)]
-    print(f"kvroute: Envoy listening on {args.listen[0]}:{args.listen[1]} (admin {args.admin[0]}:{args.admin[1]}), "
-          f"endpoints {','.join(build_plugin_config(args)['endpoints'])}", flush=True)
+    print(f"kvroute: Envoy ({args.lb}) listening on {args.listen[0]}:{args.listen[1]} "
+          f"(admin {args.admin[0]}:{args.admin[1]})", flush=True)
     os.execv(cmd[0], cmd)
 
 

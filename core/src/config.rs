@@ -13,10 +13,16 @@ use std::fmt;
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The pool: model-server endpoints (`ip:port`). The only hosts kvroute
-    /// ever routes to.
+    /// ever routes to. May be empty when `discovery` is set.
     pub endpoints: Vec<Endpoint>,
-    /// Request header that carries the chosen endpoint to Envoy's
-    /// ORIGINAL_DST cluster. Client copies are always removed first.
+    /// How the chosen endpoint is handed to Envoy.
+    pub handoff: Handoff,
+    /// Learn the pool from Envoy's own view of the upstream cluster (EDS
+    /// included) instead of `endpoints`. Needs `handoff: override_host`.
+    pub discovery: Option<DiscoveryConfig>,
+    /// Request header that carries the chosen endpoint to Envoy (read by the
+    /// ORIGINAL_DST cluster or the override_host policy). Client copies are
+    /// always removed first.
     pub destination_header: String,
     /// Largest request body kvroute buffers and parses; larger bodies are
     /// routed by load alone. Envoy's own buffer limits must be at least this.
@@ -39,6 +45,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             endpoints: Vec::new(),
+            handoff: Handoff::OriginalDst,
+            discovery: None,
             destination_header: "x-kvroute-destination".into(),
             max_body_bytes: 8 * 1024 * 1024,
             upstream_cluster: "kvroute_upstream".into(),
@@ -47,6 +55,38 @@ impl Default for Config {
             prefix: PrefixConfig::default(),
             scheduling: SchedulingConfig::default(),
             shared: SharedConfig::default(),
+        }
+    }
+}
+
+/// How the chosen endpoint reaches Envoy's load balancer.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Handoff {
+    /// An ORIGINAL_DST cluster connects to exactly the header's `ip:port`.
+    OriginalDst,
+    /// A cluster with members and the `override_host` policy: the header
+    /// lists the choice then fallbacks for retries; Envoy's health checks,
+    /// outlier detection and retries still apply.
+    OverrideHost,
+}
+
+/// `discovery.*`: following the upstream cluster's membership.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    /// Envoy cluster that reaches Envoy's own admin API (read-only use:
+    /// `GET /clusters?format=json`).
+    pub admin_cluster: String,
+    /// How often membership is read.
+    pub interval_ms: u64,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            admin_cluster: "kvroute_admin".into(),
+            interval_ms: 250,
         }
     }
 }
@@ -327,12 +367,35 @@ impl Config {
 
     /// Semantic checks that the schema cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.endpoints.is_empty() {
+        if self.endpoints.is_empty() && self.discovery.is_none() {
             return Err(err(
                 "endpoints",
                 "[]",
-                "at least one ip:port endpoint is required",
+                "at least one ip:port endpoint is required (or set discovery)",
             ));
+        }
+        if let Some(d) = &self.discovery {
+            if self.handoff != Handoff::OverrideHost {
+                return Err(err(
+                    "discovery",
+                    "set",
+                    "needs handoff `override_host` (an ORIGINAL_DST cluster has no members to discover)",
+                ));
+            }
+            if d.admin_cluster.trim().is_empty() {
+                return Err(err(
+                    "discovery.admin_cluster",
+                    "\"\"",
+                    "must name an Envoy cluster",
+                ));
+            }
+            if !(50..=60_000).contains(&d.interval_ms) {
+                return Err(err(
+                    "discovery.interval_ms",
+                    d.interval_ms,
+                    "must be 50..=60000",
+                ));
+            }
         }
         if self.endpoints.len() > 1024 {
             return Err(err(
@@ -587,6 +650,27 @@ mod tests {
             parse(r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":null}}"#)
                 .unwrap();
         assert_eq!(c.scheduling.gate_max_tokens_excess, None);
+    }
+
+    #[test]
+    fn discovery_replaces_endpoints_only_with_override_host() {
+        let c = parse(r#"{"handoff":"override_host","discovery":{}}"#).unwrap();
+        assert!(c.endpoints.is_empty());
+        assert_eq!(c.handoff, Handoff::OverrideHost);
+        assert_eq!(c.discovery.unwrap().interval_ms, 250);
+        for (json, field) in [
+            (r#"{"discovery":{}}"#, "discovery"),
+            (
+                r#"{"handoff":"override_host","discovery":{"interval_ms":1}}"#,
+                "discovery.interval_ms",
+            ),
+            (
+                r#"{"handoff":"sideways","endpoints":["1.2.3.4:80"]}"#,
+                "handoff",
+            ),
+        ] {
+            assert_eq!(parse(json).unwrap_err().field, field, "{json}");
+        }
     }
 
     #[test]
