@@ -93,9 +93,9 @@ impl BlockHasher {
     /// Reserves room for about `bytes` more prompt bytes worth of hashes
     /// (never more than the cap), to avoid regrowing the hash vector.
     pub fn reserve_for(&mut self, bytes: usize) {
-        if self.block_bytes > 0 {
-            let want = (bytes / self.block_bytes).min(self.max_blocks - self.hashes.len());
-            self.hashes.reserve(want);
+        if let Some(blocks) = bytes.checked_div(self.block_bytes) {
+            let room = self.max_blocks.saturating_sub(self.hashes.len());
+            self.hashes.reserve(blocks.min(room));
         }
     }
 

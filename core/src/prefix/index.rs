@@ -458,7 +458,9 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn ep(i: u32) -> Endpoint {
-        format!("10.0.{}.{}:8000", i / 256, i % 256).parse().unwrap()
+        format!("10.0.{}.{}:8000", i / 256, i % 256)
+            .parse()
+            .unwrap()
     }
 
     #[test]
@@ -468,7 +470,8 @@ mod tests {
         ix.record(ep(2), &[1, 2, 9]);
         ix.record(ep(3), &[5, 6]);
         ix.record(ep(4), &[1, 3]); // holds 1 and 3 but not 2
-        let cases: [(&[u64], Vec<(Endpoint, usize)>); 8] = [
+        type Case = (&'static [u64], Vec<(Endpoint, usize)>);
+        let cases: [Case; 8] = [
             (&[1, 2, 3, 4, 5], vec![(ep(1), 4), (ep(2), 2), (ep(4), 1)]),
             (&[1, 2, 9], vec![(ep(2), 3), (ep(1), 2), (ep(4), 1)]),
             (&[1], vec![(ep(1), 1), (ep(2), 1), (ep(4), 1)]),

@@ -109,15 +109,14 @@ impl LogEntry {
         if r.0.len() / 8 != n || r.0.len() % 8 != 0 {
             return None;
         }
-        let blocks = r
-            .0
-            .chunks_exact(8)
-            .map(|c| {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                u64::from_le_bytes(b)
-            })
-            .collect();
+        let blocks =
+            r.0.chunks_exact(8)
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(c);
+                    u64::from_le_bytes(b)
+                })
+                .collect();
         Some(LogEntry {
             seq,
             endpoint: Endpoint::new(addr),
