@@ -8,10 +8,14 @@
 //!
 //! `weighted` is llm-d's default scorer profile (prefix 3 / queue 2 /
 //! kv-cache 2) plus kvroute's in-flight scorers. `affinity_gate` is the
-//! shape of llm-d's "optimized baseline": affinity is a hard filter with a
-//! load gate (`affinity_threshold`, `gate_max_queue_excess`) and only load
-//! is scored after it, with token load (`inflight_tokens`) included. Weights
-//! of 0 skip a scorer in either profile.
+//! shape of llm-d's "optimized baseline" (`prefix-cache-affinity-filter`
+//! then `token-load-scorer`): affinity is a hard filter with a load gate
+//! (`affinity_threshold`, `gate_max_queue_excess`, `gate_max_tokens_excess`)
+//! and only load is scored after it, token load (`inflight_tokens`)
+//! included. It deliberately has no prefix scorer: after the gate opens, a
+//! prefix weight at least the sum of the load weights would keep a fully
+//! matched endpoint winning and make the gate inert. Weights of 0 skip a
+//! scorer in either profile.
 
 use super::filter::{AffinityGateFilter, HealthFilter};
 use super::plugin::{Filter, Scorer};

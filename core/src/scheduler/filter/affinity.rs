@@ -12,7 +12,9 @@
 //! prefix(c)  = matched_blocks(c) / total_blocks
 //! sticky     = { c in kept | matched_blocks(c) > 0 and prefix(c) >= affinity_threshold }
 //! queue(c)   = effective_queue(c)   (scraped waiting + in-flight excess, see plugin.rs)
-//! gate open  = min_{c in sticky} queue(c) - min_{c in kept} queue(c) > gate_max_queue_excess
+//! tokens(c)  = inflight.tokens       (uncached prompt tokens kvroute sent, not yet prefilled)
+//! gate open  = min_{c in sticky} queue(c)  - min_{c in kept} queue(c)  > gate_max_queue_excess
+//!           or min_{c in sticky} tokens(c) - min_{c in kept} tokens(c) > gate_max_tokens_excess
 //! result     = sticky if gate closed, else kept unchanged
 //! ```
 //!
@@ -22,9 +24,15 @@
 //! closed (no evidence of overload).
 //!
 //! **Inputs**: `matched_blocks`, `total_blocks`, snapshot `waiting`/
-//! `running`, `inflight.requests`. **Config**: `scheduling.
-//! affinity_threshold` (default 0.8, llm-d's), `scheduling.
-//! gate_max_queue_excess` (default 8 requests).
+//! `running`, `inflight.requests`, `inflight.tokens`. **Config**:
+//! `scheduling.affinity_threshold` (default 0.8, llm-d's: prefix scores are
+//! bimodal in production, a conversation's endpoint either holds its
+//! history or it does not), `scheduling.gate_max_queue_excess` (default 8
+//! requests), `scheduling.gate_max_tokens_excess` (default 286720 tokens,
+//! the value of llm-d's optimized-baseline guide for its
+//! `maxTokensInFlightPenalty`: about 18 s of prefill backlog at 16k
+//! tokens/s; `null` disables). The token gate needs no scrape: it reacts to
+//! long-context pile-ups within the same scrape interval.
 //!
 //! **Operational notes**: the gate compares queues, not running requests: an
 //! engine that is not queueing has room, so leaving its cache would only
@@ -65,6 +73,17 @@ impl Filter for AffinityGateFilter {
                 return Some(Note::GateOpen);
             }
         }
+        if let Some(max_excess) = ctx.config.gate_max_tokens_excess {
+            let min_tokens = |set: &[usize]| {
+                set.iter()
+                    .map(|&i| ctx.candidates[i].inflight.tokens)
+                    .min()
+                    .unwrap_or(0)
+            };
+            if min_tokens(&sticky).saturating_sub(min_tokens(kept)) as f64 > max_excess {
+                return Some(Note::GateOpen);
+            }
+        }
         *kept = sticky;
         Some(Note::AffinityKept)
     }
@@ -79,6 +98,11 @@ mod tests {
     use crate::scheduler::{Candidate, RequestFacts};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn with_tokens(mut c: Candidate, tokens: u64) -> Candidate {
+        c.inflight.tokens = tokens;
+        c
+    }
 
     fn c(i: usize, matched: usize, waiting: Option<f64>, inflight: u32) -> Candidate {
         let mut c = cand(i);
@@ -159,6 +183,24 @@ mod tests {
                 Some(Note::AffinityKept),
             ),
             (
+                "token backlog over 286720 more: open",
+                vec![
+                    with_tokens(c(0, 10, Some(0.0), 3), 300_000),
+                    with_tokens(c(1, 0, Some(0.0), 0), 10_000),
+                ],
+                vec![0, 1],
+                Some(Note::GateOpen),
+            ),
+            (
+                "token backlog at 286720 more: closed",
+                vec![
+                    with_tokens(c(0, 10, None, 3), 296_720),
+                    with_tokens(c(1, 0, Some(0.0), 0), 10_000),
+                ],
+                vec![0],
+                Some(Note::AffinityKept),
+            ),
+            (
                 "no snapshot on sticky: closed",
                 vec![c(0, 10, None, 0), c(1, 0, Some(0.0), 0)],
                 vec![0],
@@ -170,6 +212,22 @@ mod tests {
             total_blocks: 10,
             prompt_tokens: 640,
         };
+        let mut no_token_gate = cfg.clone();
+        no_token_gate.gate_max_tokens_excess = None;
+        let big = vec![
+            with_tokens(c(0, 10, Some(0.0), 3), 10_000_000),
+            with_tokens(c(1, 0, Some(0.0), 0), 0),
+        ];
+        let ctx = Context {
+            req: &req,
+            candidates: &big,
+            config: &no_token_gate,
+        };
+        let mut kept = vec![0, 1];
+        assert_eq!(
+            AffinityGateFilter.filter(&ctx, &mut kept),
+            Some(Note::AffinityKept)
+        );
         for (what, cands, want, note) in cases {
             let ctx = Context {
                 req: &req,
