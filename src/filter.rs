@@ -14,11 +14,14 @@
 //!
 //! Fail-open, decided once here: a body the core cannot understand, or one
 //! larger than `max_body_bytes`, is still routed (by load) and counted. Only
-//! an empty pool answers 503.
+//! an empty pool answers 503 with ORIGINAL_DST handoff; with override_host
+//! the request goes on without a destination and Envoy's fallback policy
+//! picks a cluster member.
 
 use crate::root::now_ms;
 use crate::stats::Counter;
 use crate::vm_state::{Routed, VmState};
+use kvroute_core::config::Handoff;
 use kvroute_core::request::{parse, ApiKind, InferenceRequest};
 use log::debug;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -54,8 +57,13 @@ impl RequestFilter {
         match routed {
             Some(r) => {
                 let header = self.state.borrow().config().destination_header.clone();
-                self.set_http_request_header(&header, Some(&r.decision.endpoint.to_string()));
+                self.set_http_request_header(&header, Some(&r.header_value()));
                 self.routed = Some(r);
+                true
+            }
+            // A cluster with members picks by its fallback policy.
+            None if self.state.borrow().config().handoff == Handoff::OverrideHost => {
+                self.state.borrow().stats.inc(Counter::NoEndpoint);
                 true
             }
             None => {

@@ -7,6 +7,7 @@ use crate::filter::RequestFilter;
 use crate::stats::{Counter, EndpointCounter, EndpointGauge};
 use crate::vm_state::VmState;
 use kvroute_core::config::Config;
+use kvroute_core::discovery::cluster_members;
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::metrics::read_snapshot;
 use log::{error, info, warn};
@@ -18,12 +19,23 @@ use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
+/// An HTTP call this VM is waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    /// `GET /metrics` of an endpoint.
+    Scrape(Endpoint),
+    /// `GET /clusters?format=json` of Envoy's admin API.
+    Discovery,
+}
+
 /// Root context of one VM.
 #[derive(Default)]
 pub struct KvRouteRoot {
     state: Option<Rc<RefCell<VmState>>>,
-    /// Scrapes in flight: call token -> endpoint.
-    pending: HashMap<u32, Endpoint>,
+    /// Calls in flight, by token.
+    pending: HashMap<u32, Call>,
+    /// When membership was last requested.
+    last_discovery_ms: u64,
 }
 
 /// Wall-clock milliseconds from a context's clock.
@@ -52,7 +64,7 @@ impl KvRouteRoot {
         let cfg = state.config();
         let timeout = Duration::from_millis(cfg.metrics.scrape_timeout_ms);
         for &endpoint in state.router.pool() {
-            if self.pending.values().any(|e| *e == endpoint) {
+            if self.pending.values().any(|c| *c == Call::Scrape(endpoint)) {
                 continue; // the previous scrape has not answered yet
             }
             let authority = endpoint.to_string();
@@ -65,7 +77,7 @@ impl KvRouteRoot {
             ];
             match self.dispatch_http_call(&cfg.upstream_cluster, headers, None, vec![], timeout) {
                 Ok(token) => {
-                    self.pending.insert(token, endpoint);
+                    self.pending.insert(token, Call::Scrape(endpoint));
                 }
                 Err(status) => {
                     warn!(
@@ -76,19 +88,64 @@ impl KvRouteRoot {
             }
         }
     }
-}
 
-impl Context for KvRouteRoot {
-    fn on_http_call_response(
-        &mut self,
-        token_id: u32,
-        _num_headers: usize,
-        body_size: usize,
-        _num_trailers: usize,
-    ) {
-        let Some(endpoint) = self.pending.remove(&token_id) else {
+    /// Asks Envoy's admin API for the upstream cluster's members.
+    fn discover(&mut self, state: &VmState, now: u64) {
+        let Some(d) = &state.config().discovery else {
             return;
         };
+        if now.saturating_sub(self.last_discovery_ms) < d.interval_ms
+            || self.pending.values().any(|c| *c == Call::Discovery)
+        {
+            return;
+        }
+        self.last_discovery_ms = now;
+        let headers = vec![
+            (":method", "GET"),
+            (":path", "/clusters?format=json"),
+            (":authority", "kvroute-admin"),
+        ];
+        let timeout = Duration::from_millis(d.interval_ms.max(1000));
+        match self.dispatch_http_call(&d.admin_cluster, headers, None, vec![], timeout) {
+            Ok(token) => {
+                self.pending.insert(token, Call::Discovery);
+            }
+            Err(status) => warn!(
+                "kvroute: cannot reach admin cluster {}: {status:?}",
+                d.admin_cluster
+            ),
+        }
+    }
+
+    fn on_discovery(&mut self, body_size: usize) {
+        let Some(state) = self.state.clone() else {
+            return;
+        };
+        if self.get_http_call_response_header(":status").as_deref() != Some("200") {
+            warn!("kvroute: discovery: admin API did not answer 200");
+            return;
+        }
+        let body = self
+            .get_http_call_response_body(0, body_size)
+            .unwrap_or_default();
+        let mut state = state.borrow_mut();
+        let cluster = state.config().upstream_cluster.clone();
+        match cluster_members(&body, &cluster) {
+            Ok(members) => {
+                if members.as_slice() != state.router.pool() {
+                    info!(
+                        "kvroute: pool of {cluster} is now {} endpoints",
+                        members.len()
+                    );
+                }
+                state.store.set_pool(&members);
+                state.router.set_pool(members);
+            }
+            Err(e) => warn!("kvroute: discovery: {e:?}"),
+        }
+    }
+
+    fn on_scrape(&mut self, endpoint: Endpoint, body_size: usize) {
         let Some(state) = self.state.clone() else {
             return;
         };
@@ -141,6 +198,22 @@ impl Context for KvRouteRoot {
     }
 }
 
+impl Context for KvRouteRoot {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        match self.pending.remove(&token_id) {
+            Some(Call::Scrape(endpoint)) => self.on_scrape(endpoint, body_size),
+            Some(Call::Discovery) => self.on_discovery(body_size),
+            None => {}
+        }
+    }
+}
+
 impl RootContext for KvRouteRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         let bytes = self.get_plugin_configuration().unwrap_or_default();
@@ -175,6 +248,7 @@ impl RootContext for KvRouteRoot {
         let interval = state.config().metrics.scrape_interval_ms;
         let ttl = (3 * interval).max(200);
         if state.store.claim_lease(state.vm_id, now, ttl) {
+            self.discover(&state, now);
             self.scrape(&state);
             for (endpoint, s) in &state.states.entries.clone() {
                 let age = now.saturating_sub(s.scraped_at_ms);

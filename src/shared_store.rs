@@ -5,6 +5,7 @@
 //! | key | value | written by |
 //! |---|---|---|
 //! | `lease` | scraper lease (16 bytes) | every VM's tick, CAS |
+//! | `pool` | discovered members (JSON list) | the lease holder (discovery on) |
 //! | `endpoints` | scrape state of the pool (JSON) | the lease holder, CAS |
 //! | `inflight` | in-flight requests/tokens per endpoint | every request, CAS |
 //! | `log/head` | next decision-log sequence number | every decision, CAS |
@@ -15,6 +16,8 @@
 //! ignored by the host when a key does not exist yet, so [`SharedStore::create_keys`]
 //! creates every CAS key before first use.
 
+use kvroute_core::discovery::{decode_pool, encode_pool};
+use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
 use kvroute_core::shared::decision_log::{slot_of, LogEntry};
 use kvroute_core::shared::endpoint_state::EndpointStates;
@@ -33,6 +36,7 @@ const STALL_SKIP: u64 = 64;
 #[derive(Debug)]
 pub struct SharedStore {
     lease: String,
+    pool: String,
     endpoints: String,
     inflight: String,
     log_head: String,
@@ -65,6 +69,7 @@ impl SharedStore {
     pub fn new(prefix: &str, log_slots: u32) -> SharedStore {
         SharedStore {
             lease: format!("{prefix}lease"),
+            pool: format!("{prefix}pool"),
             endpoints: format!("{prefix}endpoints"),
             inflight: format!("{prefix}inflight"),
             log_head: format!("{prefix}log/head"),
@@ -110,6 +115,18 @@ impl SharedStore {
         self.update(&self.lease, |cur| {
             Lease::claim(cur, me, now_ms, ttl_ms).map(|l| l.encode().to_vec())
         })
+    }
+
+    /// The discovered pool, if discovery has published one.
+    pub fn pool(&self) -> Option<Vec<Endpoint>> {
+        get(&self.pool).0.and_then(|v| decode_pool(&v))
+    }
+
+    /// Publishes the discovered pool (only when it changed).
+    pub fn set_pool(&self, pool: &[Endpoint]) {
+        if self.pool().as_deref() != Some(pool) {
+            let _ = set_shared_data(&self.pool, Some(&encode_pool(pool)), None);
+        }
     }
 
     /// The pool's scrape state.

@@ -8,7 +8,7 @@
 
 use crate::shared_store::{LogCursor, SharedStore};
 use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
-use kvroute_core::config::Config;
+use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
 use kvroute_core::request::InferenceRequest;
@@ -17,6 +17,9 @@ use kvroute_core::scheduler::Decision;
 use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use std::collections::HashSet;
+
+/// Endpoints listed after the choice for Envoy's retries (override_host).
+const FALLBACKS: usize = 2;
 
 /// The outcome of routing one request, kept by its HTTP context.
 #[derive(Clone, Debug)]
@@ -27,6 +30,20 @@ pub struct Routed {
     pub tokens: u64,
     /// Blocks of the prompt (for the debug header).
     pub total_blocks: usize,
+    /// Next-best endpoints for Envoy's retries (override_host handoff).
+    pub fallbacks: Vec<Endpoint>,
+}
+
+impl Routed {
+    /// The destination header value: the choice, then the fallbacks.
+    pub fn header_value(&self) -> String {
+        let mut v = self.decision.endpoint.to_string();
+        for e in &self.fallbacks {
+            v.push(',');
+            v.push_str(&e.to_string());
+        }
+        v
+    }
 }
 
 /// Per-VM state shared by the root context and every HTTP context of the VM.
@@ -87,8 +104,14 @@ impl VmState {
         self.own_seqs.retain(|s| *s >= next);
     }
 
-    /// Tick: refresh scrape states and the replicated prefix index.
+    /// Tick: refresh the pool (discovery), scrape states and the replicated
+    /// prefix index.
     pub fn refresh(&mut self) {
+        if self.config().discovery.is_some() {
+            if let Some(pool) = self.store.pool() {
+                self.router.set_pool(pool);
+            }
+        }
         self.states = self.store.endpoint_states();
         self.router.observe(&self.states);
         self.replay_log();
@@ -132,10 +155,15 @@ impl VmState {
             self.stats
                 .matched_prefix((decision.matched_blocks * 100 / blocks.len()) as u64);
         }
+        let fallbacks = match self.config().handoff {
+            Handoff::OverrideHost => Router::fallbacks(&decision, FALLBACKS),
+            Handoff::OriginalDst => Vec::new(),
+        };
         Some(Routed {
             decision,
             tokens,
             total_blocks: blocks.len(),
+            fallbacks,
         })
     }
 

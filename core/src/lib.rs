@@ -20,6 +20,7 @@
 //! passed in, so tests, the simulator and the filter control them.
 
 pub mod config;
+pub mod discovery;
 pub mod endpoint;
 pub mod inflight;
 pub mod metrics;

@@ -129,6 +129,19 @@ impl Router {
         self.scheduler.pick(&facts, &candidates, rng)
     }
 
+    /// Up to `n` other scored candidates, best first: where Envoy's retries
+    /// go when the chosen endpoint refuses (override_host handoff).
+    pub fn fallbacks(decision: &Decision, n: usize) -> Vec<Endpoint> {
+        let mut others: Vec<(Endpoint, f64)> = decision
+            .scores
+            .iter()
+            .copied()
+            .filter(|(e, _)| *e != decision.endpoint)
+            .collect();
+        others.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        others.into_iter().take(n).map(|(e, _)| e).collect()
+    }
+
     /// Prompt tokens the chosen endpoint is expected to prefill (not cached).
     pub fn uncached_tokens(&self, decision: &Decision, prompt_tokens: u64) -> u64 {
         let cached = (decision.matched_blocks * self.config.prefix.block_tokens) as u64;
@@ -151,5 +164,121 @@ impl Router {
     /// Blocks the index holds for `endpoint`.
     pub fn indexed_blocks(&self, endpoint: Endpoint) -> usize {
         self.index.len(endpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::MetricsSnapshot;
+    use crate::scheduler::Reason;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn ep(i: u8) -> Endpoint {
+        format!("10.0.0.{i}:8000").parse().unwrap()
+    }
+
+    fn router(n: u8) -> Router {
+        let mut c = Config::default();
+        c.endpoints = (1..=n).map(ep).collect();
+        c.scheduling.seed = Some(1);
+        Router::new(c)
+    }
+
+    fn idle_states(r: &Router, now: u64) -> EndpointStates {
+        let mut s = EndpointStates::default();
+        for e in r.pool() {
+            s.succeed(*e, MetricsSnapshot::default(), now);
+        }
+        s
+    }
+
+    #[test]
+    fn learns_then_prefers_the_endpoint_holding_the_prefix() {
+        let mut r = router(4);
+        let mut rng = fastrand::Rng::with_seed(3);
+        let blocks: Vec<u64> = (1..=20).collect();
+        let states = idle_states(&r, 1_000);
+        let first = r
+            .decide(
+                &blocks,
+                1280,
+                &states,
+                |_| InFlight::default(),
+                1_000,
+                &mut rng,
+            )
+            .unwrap();
+        assert_eq!(first.matched_blocks, 0);
+        r.learn(first.endpoint, &blocks, 1_000);
+        let mut longer = blocks.clone();
+        longer.extend(100..110);
+        let second = r
+            .decide(
+                &longer,
+                1920,
+                &states,
+                |_| InFlight::default(),
+                1_001,
+                &mut rng,
+            )
+            .unwrap();
+        assert_eq!(second.endpoint, first.endpoint);
+        assert_eq!(second.matched_blocks, 20);
+        assert_eq!(second.reason, Reason::Prefix);
+        assert_eq!(r.uncached_tokens(&second, 1920), 1920 - 20 * 64);
+    }
+
+    #[test]
+    fn learning_ignores_endpoints_outside_the_pool_and_pool_changes_forget() {
+        let mut r = router(2);
+        let outsider: Endpoint = "192.0.2.1:80".parse().unwrap();
+        r.learn(outsider, &[1, 2, 3], 5);
+        assert_eq!(r.indexed_blocks(outsider), 0);
+        r.learn(ep(1), &[1, 2, 3], 5);
+        assert_eq!(r.indexed_blocks(ep(1)), 3);
+        r.set_pool(vec![ep(2), ep(3)]);
+        assert_eq!(r.indexed_blocks(ep(1)), 0);
+        assert!(!r.contains(ep(1)) && r.contains(ep(3)));
+        let states = idle_states(&r, 0);
+        let mut rng = fastrand::Rng::with_seed(1);
+        for _ in 0..20 {
+            let d = r
+                .decide(&[], 0, &states, |_| InFlight::default(), 0, &mut rng)
+                .unwrap();
+            assert!(r.contains(d.endpoint));
+        }
+    }
+
+    #[test]
+    fn fallbacks_are_the_next_best_others() {
+        let d = Decision {
+            endpoint: ep(2),
+            reason: Reason::Load,
+            matched_blocks: 0,
+            scores: vec![(ep(1), 1.0), (ep(2), 5.0), (ep(3), 3.0), (ep(4), 2.0)],
+        };
+        assert_eq!(Router::fallbacks(&d, 2), vec![ep(3), ep(4)]);
+        assert_eq!(Router::fallbacks(&d, 9).len(), 3);
+    }
+
+    #[test]
+    fn empty_pool_decides_nothing() {
+        let mut c = Config::default();
+        c.handoff = crate::config::Handoff::OverrideHost;
+        c.discovery = Some(Default::default());
+        let r = Router::new(c);
+        let mut rng = fastrand::Rng::with_seed(1);
+        assert!(r
+            .decide(
+                &[],
+                0,
+                &EndpointStates::default(),
+                |_| InFlight::default(),
+                0,
+                &mut rng
+            )
+            .is_none());
     }
 }

@@ -229,6 +229,13 @@ impl Sim {
         get(&self.url(i, "/sim/state")).json()
     }
 
+    /// How many times pod i's `/metrics` was requested (`/sim/state`).
+    pub fn metrics_scrapes(&self, i: usize) -> f64 {
+        self.state(i)["metrics_requests"]
+            .as_f64()
+            .expect("metrics_requests in /sim/state")
+    }
+
     /// Value of an unlabelled-or-first sample of `metric` in pod i's `/metrics`.
     pub fn metric(&self, i: usize, metric: &str) -> f64 {
         metric_value(&get(&self.url(i, "/metrics")).body, metric).unwrap_or(0.0)

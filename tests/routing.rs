@@ -1,0 +1,236 @@
+//! Routing quality through the real Envoy and real kvroute-sim pods
+//! (issue: routing core): multi-turn affinity, avoiding a hot pod, several
+//! workers, exactly one scraper, dead pods, and cold bursts.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::time::Duration;
+use support::*;
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// A chat conversation that grows turn by turn like a real client's.
+struct Conversation {
+    messages: Vec<Value>,
+    pods: Vec<usize>,
+}
+
+impl Conversation {
+    fn new(id: usize) -> Conversation {
+        let mut system = format!("You are assistant #{id}. ");
+        while system.len() < 3_000 {
+            system.push_str(&format!(
+                "Conversation {id} has its own long instructions. "
+            ));
+        }
+        Conversation {
+            messages: vec![json!({"role": "system", "content": system})],
+            pods: Vec::new(),
+        }
+    }
+
+    /// Sends the next user turn; records the pod and appends the answer.
+    fn turn(&mut self, envoy: &Envoy, text: &str) -> Reply {
+        self.messages.push(json!({"role": "user", "content": text}));
+        let body = json!({"model": MODEL, "max_tokens": 8, "messages": self.messages});
+        let r = post_json(&envoy.url("/v1/chat/completions"), &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        self.pods.push(r.pod().expect("pool pod"));
+        let answer = r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        self.messages
+            .push(json!({"role": "assistant", "content": answer}));
+        r
+    }
+
+    fn first_pod(&self) -> usize {
+        self.pods[0]
+    }
+}
+
+/// Share of turns after the first that landed on the conversation's first pod.
+fn stickiness(convs: &[Conversation]) -> f64 {
+    let (mut same, mut total) = (0, 0);
+    for c in convs {
+        for p in &c.pods[1..] {
+            total += 1;
+            same += (*p == c.first_pod()) as usize;
+        }
+    }
+    same as f64 / total as f64
+}
+
+fn conversations_stick(concurrency: usize) {
+    let sim = Sim::start(4, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(&sim.endpoints(), json!({}), concurrency);
+    let mut convs: Vec<Conversation> = (0..20).map(Conversation::new).collect();
+    for turn in 0..4 {
+        for c in convs.iter_mut() {
+            c.turn(&envoy, &format!("question {turn}: tell me more"));
+        }
+    }
+    let s = stickiness(&convs);
+    assert!(
+        s >= 0.95,
+        "only {:.0}% of later turns stuck: {:?}",
+        s * 100.0,
+        convs.iter().map(|c| &c.pods).collect::<Vec<_>>()
+    );
+    // Equal load: every pod started some conversations.
+    let mut firsts: HashMap<usize, usize> = HashMap::new();
+    for c in &convs {
+        *firsts.entry(c.first_pod()).or_default() += 1;
+    }
+    assert_eq!(firsts.len(), 4, "conversations not spread: {firsts:?}");
+    // The pods really served cached prefixes.
+    let hits: f64 = (0..4)
+        .map(|i| sim.metric(i, "vllm:prefix_cache_hits_total"))
+        .sum();
+    assert!(hits > 0.0);
+}
+
+#[test]
+fn a_multi_turn_conversations_stick_to_their_pod() {
+    conversations_stick(1);
+}
+
+#[test]
+fn c_four_workers_share_one_view() {
+    conversations_stick(4);
+}
+
+#[test]
+fn b_hot_pod_is_avoided_and_sticky_conversations_leave_it() {
+    let sim = Sim::start(4, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(&sim.endpoints(), json!({}), 2);
+    let mut convs: Vec<Conversation> = (0..8).map(Conversation::new).collect();
+    for c in convs.iter_mut() {
+        c.turn(&envoy, "hello");
+    }
+    let hot = convs[0].first_pod();
+    sim.fault(hot, json!({"queue_inflate": 64}));
+    std::thread::sleep(Duration::from_millis(500)); // a few scrapes
+                                                    // New conversations avoid the hot pod.
+    let mut fresh: Vec<Conversation> = (100..112).map(Conversation::new).collect();
+    for c in fresh.iter_mut() {
+        c.turn(&envoy, "hello");
+    }
+    let on_hot = fresh.iter().filter(|c| c.first_pod() == hot).count();
+    assert_eq!(on_hot, 0, "new conversations sent to the hot pod");
+    // Conversations that lived on the hot pod leave it.
+    for c in convs.iter_mut().filter(|c| c.first_pod() == hot) {
+        c.turn(&envoy, "and now?");
+        assert_ne!(
+            *c.pods.last().unwrap(),
+            hot,
+            "sticky conversation stayed on the overloaded pod"
+        );
+    }
+}
+
+#[test]
+fn d_exactly_one_scraper_whatever_the_worker_count() {
+    let sim = Sim::start(2, &["--time-scale", "0.01"]);
+    for workers in [1, 4] {
+        let envoy = Envoy::start(
+            &sim.endpoints(),
+            json!({"metrics": {"scrape_interval_ms": 50}}),
+            workers,
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let before: Vec<f64> = (0..2).map(|i| sim.metrics_scrapes(i)).collect();
+        std::thread::sleep(Duration::from_secs(5));
+        let after: Vec<f64> = (0..2).map(|i| sim.metrics_scrapes(i)).collect();
+        for i in 0..2 {
+            let n = after[i] - before[i];
+            // 5 s / 50 ms = 100 scrapes; more than one scraper would double it.
+            assert!(
+                (70.0..=130.0).contains(&n),
+                "{workers} workers: pod {i} scraped {n} times in 5 s"
+            );
+        }
+        drop(envoy);
+    }
+}
+
+#[test]
+fn e_dead_pod_leaves_the_candidate_set_and_returns() {
+    let sim = Sim::start(
+        3,
+        &[
+            "--time-scale",
+            "0.01",
+            "--control-port",
+            &free_port().to_string(),
+        ],
+    );
+    let envoy = Envoy::start(&sim.endpoints(), json!({}), 2);
+    sim.fault(1, json!({"down_ms": 2500}));
+    std::thread::sleep(Duration::from_millis(600)); // > unhealthy_after_failures scrapes
+    let mut pods = Vec::new();
+    for i in 0..24 {
+        let r = post_json(
+            &envoy.url("/v1/completions"),
+            &json!({"model": MODEL, "max_tokens": 2, "prompt": format!("cold prompt {i} {}", "x".repeat(600))}),
+        );
+        assert_eq!(
+            r.status, 200,
+            "request {i} failed while pod 1 is down: {}",
+            r.body
+        );
+        pods.push(r.pod().unwrap());
+    }
+    assert!(!pods.contains(&1), "routed to the dead pod: {pods:?}");
+    assert!(envoy.stat("wasmcustom.kvroute.scrape.failure") >= 3.0);
+    std::thread::sleep(Duration::from_millis(2500)); // back up, scraped again
+    let mut back = false;
+    for i in 0..24 {
+        let r = post_json(
+            &envoy.url("/v1/completions"),
+            &json!({"model": MODEL, "max_tokens": 2, "prompt": format!("after {i} {}", "y".repeat(600))}),
+        );
+        assert_eq!(r.status, 200);
+        back |= r.pod() == Some(1);
+    }
+    assert!(back, "pod 1 never came back into the candidate set");
+}
+
+#[test]
+fn f_cold_burst_within_one_interval_spreads_over_all_pods() {
+    // Requests take ~0.3 s, so all 32 are in flight together, well inside one
+    // scrape interval of 1 s: only kvroute's own in-flight accounting can
+    // spread them.
+    let sim = Sim::start(4, &["--time-scale", "1", "--kv-blocks", "100000"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({"metrics": {"scrape_interval_ms": 1000, "stale_after_ms": 5000}}),
+        2,
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    let url = envoy.url("/v1/completions");
+    let handles: Vec<_> = (0..32)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let prompt = format!("burst {i} {}", "z".repeat(2_000));
+                post_json(
+                    &url,
+                    &json!({"model": MODEL, "max_tokens": 16, "prompt": prompt}),
+                )
+                .pod()
+            })
+        })
+        .collect();
+    let mut per_pod = [0usize; 4];
+    for h in handles {
+        per_pod[h.join().unwrap().expect("pool pod")] += 1;
+    }
+    assert!(
+        per_pod.iter().all(|n| (5..=12).contains(n)),
+        "burst herded: {per_pod:?}"
+    );
+}
