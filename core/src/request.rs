@@ -51,8 +51,10 @@
 //!
 //! # Bad input
 //!
-//! Non-UTF-8, invalid JSON, trailing garbage and nesting deeper than
-//! serde_json's limit (128) are [`RequestError::InvalidJson`]; a known field
+//! Non-UTF-8 (anywhere in the body), invalid JSON, trailing garbage and
+//! nesting deeper than serde_json's limit (128) inside the fields kvroute
+//! reads are [`RequestError::InvalidJson`] (fields it does not read are
+//! skipped by serde_json without recursion, whatever their depth); a known field
 //! of the wrong type is [`RequestError::WrongType`] naming the top-level
 //! field; no prompt is [`RequestError::MissingPrompt`]; no or empty `model`
 //! is [`RequestError::MissingModel`]. Duplicate top-level keys: the last one

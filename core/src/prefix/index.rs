@@ -602,6 +602,12 @@ mod tests {
     }
 
     #[test]
+    fn node_is_24_bytes() {
+        // The memory figure in the module doc depends on it.
+        assert_eq!(std::mem::size_of::<Node>(), 24);
+    }
+
+    #[test]
     fn endpoint_count_is_bounded() {
         let mut ix = PrefixIndex::new(1);
         for i in 0..(MAX_ENDPOINTS as u32 + 10) {
