@@ -260,11 +260,15 @@ pub struct SchedulingConfig {
     pub gate_max_tokens_excess: Option<f64>,
     /// RNG seed for tie-breaks (random per VM when absent).
     pub seed: Option<u64>,
-    /// Smallest spread (in requests) the queue and in-flight-requests
-    /// scorers normalize over: score = 1 - (x - min) / max(max - min, this).
-    /// 0 gives llm-d's pure min-max, where a 1-request difference already
-    /// swings the whole weight.
+    /// Smallest spread (in waiting requests) the queue scorer normalizes
+    /// over: score = 1 - (x - min) / max(max - min, this). 0 gives llm-d's
+    /// pure min-max, where a 1-request difference already swings the whole
+    /// weight.
     pub min_range_requests: f64,
+    /// Smallest spread (in requests) the in-flight-requests scorer
+    /// normalizes over. Larger than `min_range_requests`: requests in flight
+    /// on an engine that is not queueing mostly share its batch.
+    pub min_range_inflight: f64,
     /// Smallest spread (in prompt tokens) the in-flight-tokens scorer
     /// normalizes over.
     pub min_range_tokens: f64,
@@ -284,6 +288,7 @@ impl Default for SchedulingConfig {
             gate_max_tokens_excess: Some(286_720.0),
             seed: None,
             min_range_requests: 4.0,
+            min_range_inflight: 8.0,
             min_range_tokens: 4096.0,
             cold_margin: 0.05,
         }
@@ -564,6 +569,7 @@ impl Config {
         }
         for (name, v, max) in [
             ("scheduling.min_range_requests", s.min_range_requests, 1e6),
+            ("scheduling.min_range_inflight", s.min_range_inflight, 1e6),
             ("scheduling.min_range_tokens", s.min_range_tokens, 1e9),
             ("scheduling.cold_margin", s.cold_margin, 1.0),
         ] {
@@ -638,6 +644,7 @@ mod tests {
         assert_eq!(c.scheduling.weights.prefix, 3.0);
         assert_eq!(c.scheduling.weights.inflight_requests, 2.0);
         assert_eq!(c.scheduling.min_range_requests, 4.0);
+        assert_eq!(c.scheduling.min_range_inflight, 8.0);
         assert_eq!(c.scheduling.min_range_tokens, 4096.0);
         assert_eq!(c.scheduling.cold_margin, 0.05);
         let c = parse(
@@ -718,6 +725,14 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"cold_margin":2}}"#,
                 "scheduling.cold_margin",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_inflight":"x"}}"#,
+                "scheduling.min_range_inflight",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_inflight":-1}}"#,
+                "scheduling.min_range_inflight",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":-5}}"#,
