@@ -14,15 +14,19 @@
 //!
 //! `prefix 3, queue 2, kv_cache 2` are llm-d's defaults. kvroute adds
 //! `inflight_requests 2` and `inflight_tokens 1`, and floors the min-max
-//! range of the request-count scorers at `min_range_requests = 4` (tokens:
-//! `min_range_tokens = 4096`), so that:
+//! range of the count scorers (`min_range_requests = 4` waiting requests,
+//! `min_range_inflight = 8` in-flight requests, `min_range_tokens = 4096`),
+//! so that:
 //!
-//! - **A full prefix match survives small load differences**: a difference
-//!   of `d` requests costs at most `(2 + 2) * min(d / 4, 1)`, so a 100%
-//!   match (3 points) stays until its endpoint has about 3 requests more
-//!   than the best one, and never leaves an endpoint only because kvroute
-//!   has more requests running there while the engine is not queueing
-//!   (in-flight alone costs at most 2 < 3).
+//! - **A prefix match survives small load differences**: `d` more waiting
+//!   requests cost `2 * min(d / 4, 1)`, `d` more in flight `2 * min(d / 8,
+//!   1)`. A 100% match (3 points) never leaves an endpoint only because
+//!   kvroute has more requests running there while the engine is not
+//!   queueing (in-flight alone costs at most 2 < 3); a 50% match stays
+//!   until about 6 more in flight. Checked by `conversation_tests`: 20
+//!   conversations x 4 turns, all in flight together between two scrapes,
+//!   keep >= 95% of later turns on their first endpoint when a turn matches
+//!   at least half of the next one.
 //! - **A 100%-matched endpoint with a long queue loses**: queue (2) +
 //!   in-flight requests (2) alone outweigh the prefix (3), before KV usage
 //!   (an engine that queues is usually out of KV: up to 2 more) and tokens.
@@ -421,12 +425,13 @@ mod tests {
                 &mut fastrand::Rng::with_seed(1),
             )
             .unwrap();
-        // a: prefix 3*0.5 + queue 2*1 + kv 2*0.5 + req 2*1 + tokens 1*1 = 7.5
-        //    (tokens: a = 320 uncached, b = 640: 320 apart < 4096 floor -> 1 - 320/4096)
-        // b: 0 + 0 + 2*1 + 2*0 + 1*(1 - 320/4096)... b is the larger -> lower
+        // Uncached tokens: a = 320, b = 640; 320 apart < 4096 floor.
         let t = 320.0 / 4096.0;
+        // a: prefix 3*0.5 + queue 2*1 + kv 2*0.5 + in-flight 2*1 + tokens 1*1
         let want_a = 1.5 + 2.0 + 1.0 + 2.0 + 1.0;
-        let want_b = 0.0 + 0.0 + 2.0 + 0.0 + (1.0 - t);
+        // b: prefix 0 + queue 2*0 (8 waiting, floor 4) + kv 2*1
+        //    + in-flight 2*(1 - 4/8) + tokens 1*(1 - t)
+        let want_b = 0.0 + 0.0 + 2.0 + 1.0 + (1.0 - t);
         assert_eq!(d.scores.len(), 2);
         assert!((d.scores[0].1 - want_a).abs() < 1e-9, "{:?}", d.scores);
         assert!((d.scores[1].1 - want_b).abs() < 1e-9, "{:?}", d.scores);
@@ -644,5 +649,89 @@ mod tests {
                 (false, Reason::Load),
             ]
         );
+    }
+}
+
+#[cfg(test)]
+mod conversation_tests {
+    use super::test_support::cand;
+    use super::*;
+    use crate::config::Profile;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// 20 conversations x 4 turns on 4 equal endpoints. Each round sends one
+    /// turn of every conversation in random order (all in flight together,
+    /// snapshots frozen at idle: the worst case between scrapes), then all
+    /// finish. Turn 1 is `first` blocks, each turn adds `grow`. Returns the
+    /// fraction of later turns that landed on the conversation's first
+    /// endpoint, and the turn-1 spread.
+    fn run(profile: Profile, first: usize, grow: usize, seed: u64) -> (f64, Vec<usize>) {
+        let s = Scheduler::new(&SchedulingConfig {
+            profile,
+            ..SchedulingConfig::default()
+        });
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut cands: Vec<_> = (0..4).map(cand).collect();
+        // holds[e][conv] = blocks of conv's prefix endpoint e holds.
+        let mut holds = vec![vec![0usize; 20]; 4];
+        let mut home = [usize::MAX; 20];
+        let (mut stuck, mut later) = (0, 0);
+        let mut spread = vec![0; 4];
+        let mut now = 0;
+        for turn in 0..4 {
+            let blocks = first + turn * grow;
+            let mut order: Vec<usize> = (0..20).collect();
+            rng.shuffle(&mut order);
+            for conv in order {
+                for (e, c) in cands.iter_mut().enumerate() {
+                    c.matched_blocks = holds[e][conv];
+                }
+                let req = RequestFacts {
+                    total_blocks: blocks,
+                    prompt_tokens: blocks as u64 * 64,
+                };
+                let d = s.pick(&req, &cands, &mut rng).unwrap();
+                let e = cands.iter().position(|c| c.endpoint == d.endpoint).unwrap();
+                now += 1;
+                cands[e].last_picked_ms = Some(now);
+                cands[e].inflight.requests += 1;
+                cands[e].inflight.tokens += ((blocks - d.matched_blocks) * 64) as u64;
+                holds[e][conv] = blocks;
+                if turn == 0 {
+                    home[conv] = e;
+                    spread[e] += 1;
+                } else {
+                    later += 1;
+                    stuck += usize::from(e == home[conv]);
+                }
+            }
+            for c in cands.iter_mut() {
+                c.inflight = InFlight::default();
+            }
+        }
+        (stuck as f64 / later as f64, spread)
+    }
+
+    #[test]
+    fn conversations_stick_to_their_first_endpoint() {
+        // The affinity gate keeps only endpoints matching at least 80%
+        // (`affinity_threshold`), so it is checked on turns that do.
+        let cases = [
+            (Profile::Weighted, [(8, 4), (4, 4), (16, 2), (8, 8)]),
+            (Profile::AffinityGate, [(16, 2), (8, 2), (32, 8), (40, 2)]),
+        ];
+        for (profile, shapes) in cases {
+            for (first, grow) in shapes {
+                for seed in 0..20 {
+                    let (frac, spread) = run(profile, first, grow, seed);
+                    assert!(
+                        frac >= 0.95,
+                        "{profile:?} first {first} grow {grow} seed {seed}: {frac}"
+                    );
+                    assert!(spread.iter().all(|&n| n == 5), "{spread:?}");
+                }
+            }
+        }
     }
 }

@@ -8,11 +8,20 @@
 //! is in shared data).
 //!
 //! **Formula**: `score = 1 - (r - min r) / max(max r - min r,
-//! min_range_requests)` with `r = inflight.requests`, min/max over the kept
+//! min_range_inflight)` with `r = inflight.requests`, min/max over the kept
 //! candidates (every candidate has this figure, snapshot or not).
 //!
 //! **Config**: `scheduling.weights.inflight_requests` (2),
-//! `scheduling.min_range_requests` (4, shared with the queue scorer).
+//! `scheduling.min_range_inflight` (8).
+//!
+//! **Why the floor is 8, twice the queue's**: requests in flight on an
+//! engine that is not queueing mostly share its batch, so a few more of
+//! them cost little, while leaving the endpoint that holds a conversation
+//! costs its cache. With 8, a difference of `d` in-flight requests costs
+//! `2 * min(d / 8, 1)`: a 50%-matched turn (1.5 points) stays until its
+//! endpoint has 6 more requests than the emptiest one. Cold bursts are
+//! still spread (by the picker's recency rule, and by this score once the
+//! difference exceeds the picker's margin).
 //!
 //! **Operational notes**: counts only kvroute's traffic; other clients of
 //! the same endpoint show up through the queue and KV scorers.
@@ -38,7 +47,7 @@ impl Scorer for InFlightRequestsScorer {
             .iter()
             .map(|&i| Some(f64::from(ctx.candidates[i].inflight.requests)))
             .collect();
-        spread_scores(&xs, ctx.config.min_range_requests, out);
+        spread_scores(&xs, ctx.config.min_range_inflight, out);
     }
 }
 
@@ -55,6 +64,7 @@ mod tests {
     #[test]
     fn inflight_requests_table() {
         let cases: &[(f64, &[u32], &[f64])] = &[
+            (8.0, &[0, 2, 4], &[1.0, 0.75, 0.5]),
             (4.0, &[0, 1, 2], &[1.0, 0.75, 0.5]),
             (4.0, &[3, 3], &[1.0, 1.0]),
             (4.0, &[0, 10, 5], &[1.0, 0.0, 0.5]),
@@ -63,7 +73,7 @@ mod tests {
         ];
         for (floor, rs, want) in cases {
             let cfg = SchedulingConfig {
-                min_range_requests: *floor,
+                min_range_inflight: *floor,
                 ..SchedulingConfig::default()
             };
             let cands: Vec<_> = rs
