@@ -178,7 +178,7 @@ impl Default for PrefixConfig {
         PrefixConfig {
             block_tokens: 64,
             bytes_per_token: 4,
-            max_prompt_tokens: 1 << 20,
+            max_prompt_tokens: 262_144,
             capacity_blocks: 31_250,
             follow_engine_capacity: true,
         }

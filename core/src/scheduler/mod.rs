@@ -181,7 +181,14 @@ impl Scheduler {
         }
 
         let total = self.score(&ctx, &kept);
-        let cold = req.total_blocks == 0 || kept.iter().all(|&i| candidates[i].matched_blocks == 0);
+        // Cold: no live endpoint holds a prefix (not merely none that passed
+        // the load filters: a hot sticky endpoint dropped by a filter makes
+        // a load decision, not a cold one).
+        let cold = req.total_blocks == 0
+            || candidates
+                .iter()
+                .filter(|c| c.healthy || fallback)
+                .all(|c| c.matched_blocks == 0);
         let w = &self.config.weights;
         let weight_sum = spec
             .scorers
@@ -619,9 +626,10 @@ mod tests {
                 &mut fastrand::Rng::with_seed(1),
             )
             .unwrap();
-        // stale: queue 0.5*2 + kv 0.5*2 + 2 + 1 = 5; busy: 0 + 0.2 + 3; idle: 2 + 1.8 + 3
+        // stale: queue 0.5*2 + kv 0.5*2 + 2 + 1 = 5; idle: 2 + 1.8 + 3;
+        // busy (10 waiting, > gate_max_queue_excess over idle) is filtered out.
         let s: Vec<f64> = d.scores.iter().map(|x| (x.1 * 1e6).round() / 1e6).collect();
-        assert_eq!(s, vec![5.0, 3.2, 6.8]);
+        assert_eq!(s, vec![5.0, 6.8]);
     }
 
     #[test]

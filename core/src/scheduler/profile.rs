@@ -3,11 +3,14 @@
 //!
 //! | profile | filters | scorers (weight) | picker |
 //! |---|---|---|---|
-//! | `weighted` (default) | health | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1) | max score; cold: least recently picked |
+//! | `weighted` (default) | health, overload | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1) | max score; cold: least recently picked |
 //! | `affinity_gate` | health, affinity gate | queue, kv_cache, inflight_requests, inflight_tokens | same |
 //!
 //! `weighted` is llm-d's default scorer profile (prefix 3 / queue 2 /
-//! kv-cache 2) plus kvroute's in-flight scorers. `affinity_gate` is the
+//! kv-cache 2) plus kvroute's in-flight scorers, behind an overload filter
+//! that takes an endpoint queueing `gate_max_queue_excess` more than the
+//! least loaded one out of the running (weighted scores saturate, so a full
+//! prefix match would otherwise keep winning on a hot spot). `affinity_gate` is the
 //! shape of llm-d's "optimized baseline" (`prefix-cache-affinity-filter`
 //! then `token-load-scorer`): affinity is a hard filter with a load gate
 //! (`affinity_threshold`, `gate_max_queue_excess`, `gate_max_tokens_excess`)
@@ -17,7 +20,7 @@
 //! matched endpoint winning and make the gate inert. Weights of 0 skip a
 //! scorer in either profile.
 
-use super::filter::{AffinityGateFilter, HealthFilter};
+use super::filter::{AffinityGateFilter, HealthFilter, OverloadFilter};
 use super::plugin::{Filter, Scorer};
 use super::scorer::{
     InFlightRequestsScorer, InFlightTokensScorer, KvCacheScorer, PrefixScorer, QueueScorer,
@@ -37,7 +40,7 @@ pub struct ProfileSpec {
 
 static WEIGHTED: ProfileSpec = ProfileSpec {
     name: "weighted",
-    filters: &[&HealthFilter],
+    filters: &[&HealthFilter, &OverloadFilter],
     scorers: &[
         &PrefixScorer,
         &QueueScorer,
@@ -81,7 +84,7 @@ mod tests {
             )
         };
         let (f, s) = names(spec(Profile::Weighted));
-        assert_eq!(f, ["health"]);
+        assert_eq!(f, ["health", "overload"]);
         assert_eq!(
             s,
             [

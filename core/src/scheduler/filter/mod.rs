@@ -2,6 +2,8 @@
 
 pub mod affinity;
 pub mod health;
+pub mod overload;
 
 pub use affinity::AffinityGateFilter;
 pub use health::HealthFilter;
+pub use overload::OverloadFilter;
