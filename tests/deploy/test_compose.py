@@ -1,0 +1,92 @@
+"""The compose demo validates against the Compose Specification's JSON schema,
+and its addresses agree with kvroute's config and the rendered Envoy config.
+
+Validator: the compose-spec JSON schema vendored in check-jsonschema (PyPI,
+`check_jsonschema/builtin_schemas/vendor/compose-spec.json`), checked with
+jsonschema (Draft 2020-12) plus format checks.
+"""
+
+import copy
+import importlib.resources
+import ipaddress
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import COMPOSE, ROOT
+
+SCHEMA = json.loads(importlib.resources.files("check_jsonschema")
+                    .joinpath("builtin_schemas/vendor/compose-spec.json").read_text())
+
+
+def compose():
+    return yaml.safe_load((COMPOSE / "compose.yaml").read_text())
+
+
+def validate(doc):
+    jsonschema.Draft202012Validator(
+        SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(doc)
+
+
+def test_compose_file_validates():
+    validate(compose())
+
+
+def test_negative_unknown_service_key_rejected():
+    bad = compose()
+    bad["services"]["envoy"]["port"] = ["10000:10000"]  # typo of `ports`
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+
+
+def test_negative_bad_network_config_rejected():
+    bad = compose()
+    bad["networks"]["pool"]["ipam"]["config"] = "172.28.0.0/24"  # must be a list
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+
+
+def test_sim_addresses_match_the_plugin_config_and_subnet():
+    doc = compose()
+    subnet = ipaddress.ip_network(doc["networks"]["pool"]["ipam"]["config"][0]["subnet"])
+    sims = {name: s["networks"]["pool"]["ipv4_address"]
+            for name, s in doc["services"].items() if name.startswith("sim")}
+    assert len(sims) >= 2
+    assert all(ipaddress.ip_address(a) in subnet for a in sims.values())
+    endpoints = json.loads((COMPOSE / "kvroute.json").read_text())["endpoints"]
+    port = doc["services"]["sim1"]["command"][doc["services"]["sim1"]["command"].index("--base-port") + 1]
+    assert sorted(endpoints) == sorted(f"{a}:{port}" for a in sims.values())
+    assert ipaddress.ip_address(doc["services"]["envoy"]["networks"]["pool"]["ipv4_address"]) in subnet
+
+
+def test_envoy_mounts_the_rendered_config_and_envoy_waits_for_the_pool():
+    envoy = compose()["services"]["envoy"]
+    assert "./envoy.yaml:/etc/envoy/envoy.yaml:ro" in envoy["volumes"]
+    assert set(envoy["depends_on"]) == {n for n in compose()["services"] if n.startswith("sim")}
+    # Published on the host's loopback only.
+    assert all(p.startswith("127.0.0.1:") for p in envoy["ports"])
+
+
+def test_committed_envoy_config_is_a_fresh_render():
+    """deploy/compose/envoy.yaml is envoy/render.py's output, not a fork of it."""
+    import sys
+    sys.path.insert(0, str(COMPOSE))
+    try:
+        import render_envoy
+    finally:
+        sys.path.pop(0)
+    fresh = render_envoy.render()
+    committed = (COMPOSE / "envoy.yaml").read_text()
+    assert committed == fresh, ("deploy/compose/envoy.yaml is stale: "
+                                "run python3 deploy/compose/render_envoy.py")
+
+
+def test_rendered_config_routes_to_exactly_the_sims():
+    cfg = yaml.safe_load((COMPOSE / "envoy.yaml").read_text())
+    cluster = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "kvroute_upstream")
+    members = sorted(f"{e['endpoint']['address']['socket_address']['address']}:"
+                     f"{e['endpoint']['address']['socket_address']['port_value']}"
+                     for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"])
+    assert members == sorted(json.loads((COMPOSE / "kvroute.json").read_text())["endpoints"])
