@@ -1,0 +1,2 @@
+//! kvroute-bench (stub; being written).
+fn main() {}
