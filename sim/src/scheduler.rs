@@ -198,7 +198,8 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Tries to allocate the head of the queue. Returns the running entry on success.
+    /// Tries to allocate the blocks of `req`: returns the allocation and the prompt tokens
+    /// served from the cache, or `None` when its blocks do not fit now.
     fn admit(&mut self, req: &SeqRequest) -> Option<(Allocation, usize)> {
         let bs = self.cfg.block_size;
         let prompt_blocks = (req.prompt_len / bs).min(req.block_hashes.len());
@@ -245,14 +246,14 @@ impl Scheduler {
             }
         }
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(head) = self.waiting.front() else {
+            let Some(head) = self.waiting.pop_front() else {
                 break;
             };
-            let head = head.clone();
             let Some((alloc, cached_tokens)) = self.admit(&head) else {
+                // Head-of-line blocking, as in vLLM: nothing behind it may start either.
+                self.waiting.push_front(head);
                 break;
             };
-            self.waiting.pop_front();
             self.stats.prefix_queries += head.prompt_len as u64;
             self.stats.prefix_hits += cached_tokens as u64;
             self.stats.queue_time.observe((now - head.arrival).max(0.0));

@@ -12,9 +12,9 @@ use crate::tokenizer::{token_id, TokenId};
 
 /// The pieces output is made of; each is exactly 4 bytes, so each is one token.
 pub const PIECES: [&str; 32] = [
-    "the ", "and ", "of a", " to ", "in t", "is a", "that", " it ", "was ", "for ", "on t", "are ",
-    "as a", "with", " he ", "they", "at t", " be ", "this", "have", "from", " or ", "one ", "had ",
-    "by t", "word", "but ", "not ", "what", "all ", "were", "we c",
+    "the ", "and ", "for ", "are ", "but ", "not ", "you ", "all ", "any ", "can ", "her ", "was ",
+    "one ", "our ", "out ", "day ", "get ", "has ", "him ", "his ", "how ", "man ", "new ", "now ",
+    "old ", "see ", "two ", "way ", "who ", "key ", "did ", "its ",
 ];
 
 /// Picks `n` piece indices for a request.
