@@ -49,7 +49,7 @@ def build_plugin_config(args) -> dict:
             sys.exit(f"render.py: {args.config} must hold a JSON object")
     if args.endpoints:
         config["endpoints"] = args.endpoints
-    if not config.get("endpoints") and not config.get("discovery"):
+    if not config.get("endpoints") and config.get("discovery") is None:
         sys.exit("render.py: no endpoints: pass --endpoints or put them in --config (or enable discovery)")
     return config
 
@@ -121,7 +121,7 @@ def render(args) -> str:
             lb = fragment("lb_override_host.yaml.tmpl", values)
         clusters = [fragment("cluster_members.yaml.tmpl", dict(values, membership=membership(args, endpoints), lb=lb))]
         retry = fragment("retry_policy.yaml.tmpl", values)
-    if not baseline and plugin.get("discovery"):
+    if not baseline and plugin.get("discovery") is not None:
         clusters.append(fragment("cluster_admin.yaml.tmpl", values))
     values.update(
         http_filters=indent("\n".join(filters), 18),

@@ -5,7 +5,7 @@
 //! restarting Envoy and without listing them in kvroute's config.
 //!
 //! Members whose EDS health status says the control plane is taking them out
-//! (`UNHEALTHY`, `DRAINING`, `TIMEOUT`) are left out; Envoy's active health
+//! (`UNHEALTHY`, `DRAINING`, `TIMEOUT`, or pending removal) are left out; Envoy's active health
 //! check flags are not used here (kvroute's own scrapes are its health
 //! signal, and keeping flapping members avoids forgetting their prefixes).
 
@@ -53,6 +53,8 @@ struct SocketAddress<'a> {
 struct HealthStatus<'a> {
     #[serde(borrow)]
     eds_health_status: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pending_dynamic_removal: bool,
 }
 
 /// Why the admin output could not be read.
@@ -77,11 +79,11 @@ pub fn cluster_members(json: &[u8], cluster: &str) -> Result<Vec<Endpoint>, Disc
         .host_statuses
         .iter()
         .filter(|h| {
-            let eds = h
-                .health_status
-                .as_ref()
-                .and_then(|s| s.eds_health_status.as_deref());
-            !matches!(eds, Some("UNHEALTHY" | "DRAINING" | "TIMEOUT"))
+            let Some(s) = &h.health_status else {
+                return true;
+            };
+            let eds = s.eds_health_status.as_deref();
+            !s.pending_dynamic_removal && !matches!(eds, Some("UNHEALTHY" | "DRAINING" | "TIMEOUT"))
         })
         .filter_map(|h| {
             let sa = h.address.as_ref()?.socket_address.as_ref()?;
@@ -137,6 +139,7 @@ mod tests {
         let json = r#"{"cluster_statuses":[{"name":"c","host_statuses":[
             {"address":{"socket_address":{"address":"10.0.0.1","port_value":80}},"health_status":{"eds_health_status":"HEALTHY"}},
             {"address":{"socket_address":{"address":"10.0.0.2","port_value":80}},"health_status":{"eds_health_status":"DRAINING"}},
+            {"address":{"socket_address":{"address":"10.0.0.5","port_value":80}},"health_status":{"eds_health_status":"HEALTHY","pending_dynamic_removal":true}},
             {"address":{"socket_address":{"address":"10.0.0.3","port_value":80}},"health_status":{"failed_active_health_check":true,"eds_health_status":"HEALTHY"}},
             {"address":{"socket_address":{"address":"vllm.svc","port_value":80}}},
             {"address":{"socket_address":{"address":"10.0.0.4"}}},

@@ -322,8 +322,31 @@ impl Envoy {
     /// become ready within 20 s.
     pub fn try_start(
         endpoints: &[String],
+        config: Value,
+        concurrency: usize,
+    ) -> Result<Envoy, String> {
+        Envoy::try_start_with(endpoints, config, concurrency, &[])
+    }
+
+    /// [`Envoy::start`] with extra `serve` arguments (e.g. `--eds-file`).
+    pub fn start_with(
+        endpoints: &[String],
+        config: Value,
+        concurrency: usize,
+        extra: &[&str],
+    ) -> Envoy {
+        match Envoy::try_start_with(endpoints, config, concurrency, extra) {
+            Ok(e) => e,
+            Err(log) => panic!("Envoy did not start:\n{log}"),
+        }
+    }
+
+    /// [`Envoy::try_start`] with extra `serve` arguments.
+    pub fn try_start_with(
+        endpoints: &[String],
         mut config: Value,
         concurrency: usize,
+        extra: &[&str],
     ) -> Result<Envoy, String> {
         let dir = TempDir::new("envoy");
         config["endpoints"] = Value::from(endpoints.to_vec());
@@ -338,6 +361,7 @@ impl Envoy {
             .args(["--concurrency", &concurrency.to_string()])
             .args(["--config", config_path.to_str().unwrap()])
             .args(["--out", dir.0.join("envoy.yaml").to_str().unwrap()])
+            .args(extra)
             .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
             .stderr(Stdio::from(
                 std::fs::File::options().append(true).open(&log).unwrap(),

@@ -1,0 +1,192 @@
+//! The two ways kvroute hands its choice to Envoy, and live discovery
+//! (issue: deploy anywhere), through the real Envoy: `override_host` on a
+//! cluster that knows its members (routing, fallback when the chosen pod
+//! dies, no steering), and pool discovery from Envoy's own view of an EDS
+//! cluster fed by a watched file.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::*;
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+fn chat(tag: &str, turn: usize) -> Value {
+    let mut system = format!("Assistant {tag}. ");
+    while system.len() < 3_000 {
+        system.push_str(&format!("{tag} has long and specific instructions. "));
+    }
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        messages.push(json!({"role": "user", "content": format!("question {t}")}));
+        if t < turn {
+            messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    json!({"model": MODEL, "max_tokens": 4, "messages": messages})
+}
+
+/// The endpoint kvroute chose, from the debug header ("" when kvroute had
+/// no pool yet and let Envoy's fallback policy pick).
+fn chosen(r: &Reply) -> String {
+    r.header("x-kvroute-debug")
+        .and_then(|d| d.split(';').next())
+        .map(|e| e.trim_start_matches("endpoint=").to_string())
+        .unwrap_or_default()
+}
+
+fn override_config() -> Value {
+    json!({"handoff": "override_host", "debug_header": "x-kvroute-debug"})
+}
+
+#[test]
+fn override_host_routes_with_affinity() {
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(&sim.endpoints(), override_config(), 2);
+    for c in 0..6 {
+        let tag = format!("conv{c}");
+        let mut pods = Vec::new();
+        for turn in 0..3 {
+            let r = post_json(&envoy.url("/v1/chat/completions"), &chat(&tag, turn));
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(
+                chosen(&r),
+                sim.endpoint(r.pod().unwrap()),
+                "Envoy did not honour the choice"
+            );
+            pods.push(r.pod().unwrap());
+        }
+        assert!(pods.iter().all(|p| *p == pods[0]), "{tag} split: {pods:?}");
+    }
+    let r = get(&envoy.url("/v1/models"));
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn override_host_falls_back_when_the_chosen_pod_dies() {
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    // kvroute is told to trust its view for long, so the request really goes
+    // to the dead pod first and only Envoy's retry can save it.
+    let mut config = override_config();
+    config["metrics"] = json!({"unhealthy_after_failures": 1000});
+    let envoy = Envoy::start(&sim.endpoints(), config, 1);
+    let first = post_json(&envoy.url("/v1/chat/completions"), &chat("victim", 0));
+    assert_eq!(first.status, 200);
+    let victim = first.pod().unwrap();
+    sim.fault(victim, json!({"down_ms": 5000}));
+    std::thread::sleep(Duration::from_millis(300)); // open connections closed
+    let retries_before = envoy.stat("cluster.kvroute_upstream.upstream_rq_retry");
+    let r = post_json(&envoy.url("/v1/chat/completions"), &chat("victim", 1));
+    assert_eq!(r.status, 200, "not rescued: {}", r.body);
+    assert_eq!(
+        chosen(&r),
+        sim.endpoint(victim),
+        "kvroute did not pick the dead pod first"
+    );
+    assert_ne!(r.pod(), Some(victim));
+    assert!(envoy.stat("cluster.kvroute_upstream.upstream_rq_retry") > retries_before);
+}
+
+#[test]
+fn override_host_cannot_be_steered() {
+    let sim = Sim::start(2, &["--time-scale", "0.01"]);
+    let outsider = Sim::start(1, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(&sim.endpoints(), override_config(), 1);
+    let body = serde_json::to_string(&chat("steer", 0)).unwrap();
+    for v in ["x-kvroute-destination", "X-KVRoute-Destination"] {
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: k\r\n{v}: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            outsider.endpoint(0),
+            body.len()
+        );
+        assert!(raw_http(envoy.port, req.as_bytes()).contains(" 200 "));
+    }
+    assert_eq!(outsider.state(0)["requests_served"], 0);
+}
+
+/// Writes an EDS file for `endpoints` the way a control plane would:
+/// a new file moved over the old one (Envoy watches the directory).
+fn write_eds(path: &Path, endpoints: &[String]) {
+    let lb: Vec<Value> = endpoints
+        .iter()
+        .map(|e| {
+            let (host, port) = e.rsplit_once(':').unwrap();
+            json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}})
+        })
+        .collect();
+    let doc = json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+        "cluster_name": "kvroute_upstream",
+        "endpoints": [{"lb_endpoints": lb}]
+    }]});
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&doc).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Sends cold requests until `want(endpoint chosen)` holds; returns how long it took.
+fn until_chosen(envoy: &Envoy, limit: Duration, want: impl Fn(&str) -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed() < limit {
+        i += 1;
+        let body = json!({"model": MODEL, "max_tokens": 2, "prompt": format!("probe {i} {}", "p".repeat(400))});
+        let r = post_json(&envoy.url("/v1/completions"), &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        if want(&chosen(&r)) {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn discovery_follows_eds_membership_within_a_second() {
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    let dir = TempDir::new("eds");
+    let eds = dir.0.join("eds.json");
+    write_eds(&eds, &[sim.endpoint(0), sim.endpoint(1)]);
+    let config =
+        json!({"handoff": "override_host", "discovery": {}, "debug_header": "x-kvroute-debug"});
+    let envoy = Envoy::start_with(&[], config, 2, &["--eds-file", eds.to_str().unwrap()]);
+    // Wait for the first discovery, then only members 0 and 1 are chosen.
+    let first = until_chosen(&envoy, Duration::from_secs(5), |e| !e.is_empty());
+    assert!(first.is_some(), "kvroute never chose an endpoint");
+    for i in 0..12 {
+        let r = post_json(
+            &envoy.url("/v1/completions"),
+            &json!({"model": MODEL, "max_tokens": 2, "prompt": format!("before {i} {}", "q".repeat(400))}),
+        );
+        assert_eq!(r.status, 200);
+        assert_ne!(
+            chosen(&r),
+            sim.endpoint(2),
+            "chose a pod not yet in the cluster"
+        );
+    }
+
+    // Add pod 2: kvroute uses it within a second.
+    write_eds(&eds, &[sim.endpoint(0), sim.endpoint(1), sim.endpoint(2)]);
+    let added = until_chosen(&envoy, Duration::from_secs(3), |e| e == sim.endpoint(2));
+    let added = added.expect("new member never chosen");
+    assert!(
+        added < Duration::from_secs(1),
+        "new member used only after {added:?}"
+    );
+
+    // Remove pod 0: within a second kvroute stops choosing it.
+    write_eds(&eds, &[sim.endpoint(1), sim.endpoint(2)]);
+    std::thread::sleep(Duration::from_secs(1));
+    for i in 0..20 {
+        let r = post_json(
+            &envoy.url("/v1/completions"),
+            &json!({"model": MODEL, "max_tokens": 2, "prompt": format!("after {i} {}", "r".repeat(400))}),
+        );
+        assert_eq!(r.status, 200);
+        assert_ne!(chosen(&r), sim.endpoint(0), "removed member still chosen");
+        assert_ne!(r.pod(), Some(0));
+    }
+}
