@@ -14,6 +14,7 @@ Checked here:
     file, as istio-agent hands it to Envoy), the header_to_metadata bridge,
     the LISTENER / HTTP_ROUTE / CLUSTER MERGE values merged into an
     Istio-shaped listener, route and EDS-like cluster, and the ADDed cluster;
+    and the HTTP_FILTER insert itself (config_discovery over ADS);
   * every shipped plugin JSON through the real filter (when it is built).
 Not checked: Istio's own translation (no istiod here).
 """
@@ -157,6 +158,41 @@ def test_negative_istio_pieces_with_bad_policy_rejected(envoy, wasm_module, tmp_
     pool = cfg["static_resources"]["clusters"][0]
     policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]["typed_config"]
     policy["override_host_sources"] = [{"header_name": "x-kvroute-destination"}]
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
+
+
+def ecds_bootstrap(wasm, tmp_path):
+    """The gateway with the HTTP_FILTER patch value itself (config_discovery
+    over ADS), as Istio's bootstrap has it: an ADS source on an `xds-grpc`
+    cluster (a unix socket; validate mode never connects)."""
+    cfg = istio_gateway_bootstrap(wasm)
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"][0] = copy.deepcopy(_one("kvroute", "HTTP_FILTER"))
+    cfg["node"] = {"id": "router~127.0.0.1~gateway.istio-system~istio-system.svc.cluster.local",
+                   "cluster": "istio-ingressgateway.istio-system"}
+    cfg["dynamic_resources"] = {"ads_config": {
+        "api_type": "GRPC", "transport_api_version": "V3",
+        "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]}}
+    cfg["static_resources"]["clusters"].append({
+        "name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
+        "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"pipe": {"path": str(tmp_path / "XDS")}}}}]}]},
+    })
+    return cfg
+
+
+def test_istio_http_filter_insert_via_ecds_validates(envoy, wasm_module, tmp_path):
+    assert_valid(envoy_validate(envoy, ecds_bootstrap(wasm_module[0], tmp_path), tmp_path))
+
+
+def test_negative_ecds_insert_with_wrong_type_url_rejected(envoy, wasm_module, tmp_path):
+    cfg = ecds_bootstrap(wasm_module[0], tmp_path)
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"][0]["config_discovery"]["type_urls"] = [
+        "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.WasmFilter"]
     assert_invalid(envoy_validate(envoy, cfg, tmp_path))
 
 
