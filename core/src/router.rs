@@ -180,8 +180,10 @@ mod tests {
     }
 
     fn router(n: u8) -> Router {
-        let mut c = Config::default();
-        c.endpoints = (1..=n).map(ep).collect();
+        let mut c = Config {
+            endpoints: (1..=n).map(ep).collect(),
+            ..Config::default()
+        };
         c.scheduling.seed = Some(1);
         Router::new(c)
     }
@@ -265,10 +267,11 @@ mod tests {
 
     #[test]
     fn empty_pool_decides_nothing() {
-        let mut c = Config::default();
-        c.handoff = crate::config::Handoff::OverrideHost;
-        c.discovery = Some(Default::default());
-        let r = Router::new(c);
+        let r = Router::new(Config {
+            handoff: crate::config::Handoff::OverrideHost,
+            discovery: Some(Default::default()),
+            ..Config::default()
+        });
         let mut rng = fastrand::Rng::with_seed(1);
         assert!(r
             .decide(

@@ -103,7 +103,10 @@ mod tests {
     fn success_failure_freshness_and_health() {
         let mut t = EndpointStates::default();
         let a = ep("10.0.0.1:8000");
-        let snap = MetricsSnapshot { waiting: 3.0, ..Default::default() };
+        let snap = MetricsSnapshot {
+            waiting: 3.0,
+            ..Default::default()
+        };
         t.succeed(a, snap, 1_000);
         assert_eq!(t.get(a).fresh(2_999, 2_000), Some(snap));
         assert_eq!(t.get(a).fresh(3_000, 2_000), None);

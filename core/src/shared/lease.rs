@@ -52,9 +52,14 @@ mod tests {
 
     #[test]
     fn claim_rules() {
-        let held = Lease { owner: 7, expires_ms: 1_000 }.encode();
+        let held = Lease {
+            owner: 7,
+            expires_ms: 1_000,
+        }
+        .encode();
         // (current, me, now, expect owner)
-        let cases: [(Option<&[u8]>, u64, u64, Option<u64>); 6] = [
+        type Case<'a> = (Option<&'a [u8]>, u64, u64, Option<u64>);
+        let cases: [Case; 6] = [
             (None, 1, 0, Some(1)),
             (Some(&held), 7, 500, Some(7)),
             (Some(&held), 8, 500, None),
@@ -73,7 +78,10 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let l = Lease { owner: u64::MAX, expires_ms: 42 };
+        let l = Lease {
+            owner: u64::MAX,
+            expires_ms: 42,
+        };
         assert_eq!(Lease::decode(&l.encode()), Some(l));
         assert_eq!(Lease::decode(&l.encode()[..15]), None);
     }
