@@ -137,14 +137,18 @@ impl VmState {
         let endpoint = decision.endpoint;
         let tokens = self.router.uncached_tokens(&decision, prompt_tokens);
         self.router.learn(endpoint, blocks, now_ms);
-        let entry = LogEntry {
-            seq: 0,
-            endpoint,
-            at_ms: now_ms,
-            blocks: blocks.to_vec(),
-        };
-        if let Some(seq) = self.store.append_log(entry) {
-            self.own_seqs.insert(seq);
+        // Other workers only need decisions that teach the prefix index
+        // (in-flight counts, which spread everything else, are shared anyway).
+        if !blocks.is_empty() {
+            let entry = LogEntry {
+                seq: 0,
+                endpoint,
+                at_ms: now_ms,
+                blocks: blocks.to_vec(),
+            };
+            if let Some(seq) = self.store.append_log(entry) {
+                self.own_seqs.insert(seq);
+            }
         }
         let table = self.store.update_inflight(|t| t.add(endpoint, tokens));
         self.publish_inflight(&table, endpoint);
