@@ -61,6 +61,12 @@ setup_test_tools() {
     say "installing wasm-bindgen-cli $wb (runs the core's tests on wasm32 under Node)"
     cargo install -q wasm-bindgen-cli --version "$wb" --root "$TOOLS" --force
   fi
+  # skopeo inspects the OCI image `./build.sh oci` builds (those tests skip without it).
+  if ! command -v skopeo >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing skopeo (Debian) for the OCI layout tests"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq skopeo >/dev/null) \
+      || say "skopeo not installed: the OCI tests that need it will skip"
+  fi
   command -v node >/dev/null || { say "node is required for the wasm32 unit tests (apt-get install nodejs)"; exit 1; }
 }
 
