@@ -54,6 +54,7 @@ pub struct Pod {
     delayed: AtomicUsize,
     served: AtomicU64,
     failed: AtomicU64,
+    metrics_requests: AtomicU64,
     down: watch::Sender<bool>,
     down_generation: AtomicU64,
     port: AtomicU16,
@@ -157,6 +158,8 @@ pub struct PodState {
     pub requests_served: u64,
     /// Inference requests answered 500 by the `error_rate` fault.
     pub requests_failed: u64,
+    /// `GET /metrics` requests received (garbage or delayed ones included).
+    pub metrics_requests: u64,
     /// Requests in the running batch.
     pub running: usize,
     /// Waiting requests as reported in `/metrics` (queue + fault-delayed + phantom).
@@ -208,6 +211,7 @@ impl Pod {
             delayed: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            metrics_requests: AtomicU64::new(0),
             down: watch::Sender::new(false),
             down_generation: AtomicU64::new(0),
             port: AtomicU16::new(0),
@@ -360,6 +364,7 @@ impl Pod {
 
     /// The `/metrics` body, honouring the `metrics_delay_ms` and `metrics_garbage` faults.
     pub async fn metrics_text(&self) -> String {
+        self.metrics_requests.fetch_add(1, Ordering::Relaxed);
         let (delay, garbage) = {
             let f = &lock(&self.faults).faults;
             (f.metrics_delay_ms, f.metrics_garbage)
@@ -389,6 +394,7 @@ impl Pod {
             up: !*self.down.borrow(),
             requests_served: self.served.load(Ordering::Relaxed),
             requests_failed: self.failed.load(Ordering::Relaxed),
+            metrics_requests: self.metrics_requests.load(Ordering::Relaxed),
             running: snap.running,
             waiting: snap.waiting,
             phantom_waiting: faults.queue_inflate as usize,

@@ -295,6 +295,7 @@ fn metrics_match_the_state() {
     }
     let st = get(&s.url(0, "/sim/state")).json();
     assert_eq!(st["requests_served"], 6);
+    assert_eq!(st["metrics_requests"], 1);
     assert_eq!(st["prefix_cache_hit_tokens"].as_u64(), Some(cached));
     assert_eq!(st["prefix_cache_query_tokens"].as_u64(), Some(prompt));
 }
