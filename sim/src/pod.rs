@@ -34,6 +34,10 @@ pub enum InferError {
 struct EngineState {
     sched: Scheduler,
     senders: FnvHashMap<SeqId, mpsc::UnboundedSender<Progress>>,
+    /// Simulated start time of the step in flight, while the engine is busy. Arrivals are
+    /// stamped no later than this, so when the engine runs behind the wall clock (CPU
+    /// saturated) simulated latencies stay consistent instead of going negative.
+    busy_since: Option<f64>,
 }
 
 struct FaultState {
@@ -199,6 +203,7 @@ impl Pod {
             engine: Mutex::new(EngineState {
                 sched: Scheduler::new(sched_cfg, cfg.latency),
                 senders: FnvHashMap::default(),
+                busy_since: None,
             }),
             wake: Notify::new(),
             faults: Mutex::new(FaultState {
@@ -310,6 +315,10 @@ impl Pod {
         let (tx, rx) = mpsc::unbounded_channel();
         {
             let mut e = lock(&self.engine);
+            let mut seq = seq;
+            if let Some(t) = e.busy_since {
+                seq.arrival = seq.arrival.min(t);
+            }
             e.sched.submit(seq).map_err(InferError::Rejected)?;
             e.senders.insert(id, tx);
         }
@@ -467,7 +476,9 @@ async fn run_engine(pod: Arc<Pod>) {
             if idle {
                 cursor = cursor.max(pod.clock.now());
             }
-            e.sched.schedule(cursor)
+            let planned = e.sched.schedule(cursor);
+            e.busy_since = planned.map(|_| cursor);
+            planned
         };
         let Some(duration) = planned else {
             idle = true;
