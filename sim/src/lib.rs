@@ -5,6 +5,8 @@
 //! The pure parts (tokenizer, chat template, KV-cache, scheduler, latency model, metrics
 //! rendering) take time as an argument; the async parts (pod engine loop, HTTP) wrap them.
 
+#![deny(missing_docs)]
+
 pub mod chat_template;
 pub mod cli;
 pub mod control;
