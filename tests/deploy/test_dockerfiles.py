@@ -6,6 +6,7 @@ known instructions only, FROM before anything but ARG, JSON-form CMD/
 ENTRYPOINT are JSON string arrays, `COPY --from` names an earlier stage.
 """
 
+import io
 import json
 
 import pytest
@@ -21,7 +22,9 @@ DOCKERFILES = ["Dockerfile.envoy", "Dockerfile.sim"]
 
 
 def parse(text):
-    p = DockerfileParser(fileobj=None)
+    # An in-memory file: with no fileobj, dockerfile-parse writes the content
+    # to ./Dockerfile in the working directory.
+    p = DockerfileParser(fileobj=io.BytesIO())
     p.content = text
     return p
 
