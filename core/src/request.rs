@@ -56,8 +56,8 @@
 //! reads are [`RequestError::InvalidJson`] (fields it does not read are
 //! skipped by serde_json without recursion, whatever their depth); a known field
 //! of the wrong type is [`RequestError::WrongType`] naming the top-level
-//! field; no prompt is [`RequestError::MissingPrompt`]; no or empty `model`
-//! is [`RequestError::MissingModel`]. Duplicate top-level keys: the last one
+//! field; no prompt is [`RequestError::MissingPrompt`]. A request without `model`
+//! is hashed under the empty model name (the server's default model). Duplicate top-level keys: the last one
 //! wins, as in the Python servers behind kvroute. Nothing here panics on
 //! client data.
 
@@ -124,8 +124,6 @@ pub enum RequestError {
     /// A field has the wrong type (the top-level field it is in; `body` when
     /// the body is not a JSON object).
     WrongType(&'static str),
-    /// `model` is absent, null or empty.
-    MissingModel,
 }
 
 impl fmt::Display for RequestError {
@@ -134,7 +132,6 @@ impl fmt::Display for RequestError {
             RequestError::InvalidJson(e) => write!(f, "invalid JSON body: {e}"),
             RequestError::MissingPrompt => write!(f, "no prompt (`prompt` / `messages`)"),
             RequestError::WrongType(field) => write!(f, "field `{field}` has the wrong type"),
-            RequestError::MissingModel => write!(f, "`model` is missing or empty"),
         }
     }
 }
@@ -162,10 +159,10 @@ pub fn parse(
         _ => RequestError::InvalidJson(e.to_string()),
     })?;
 
-    let model = match body.model {
-        Some(Text(m)) if !m.is_empty() => m,
-        _ => return Err(RequestError::MissingModel),
-    };
+    // vLLM and SGLang serve a request without `model` with their default
+    // model: such requests share the namespace of the empty model name
+    // rather than losing prefix affinity.
+    let model = body.model.map_or(Cow::Borrowed(""), |Text(m)| m);
     let salt = body.cache_salt.map(|Text(s)| s);
     let mut h = BlockHasher::new(
         seed(&model, salt.as_deref()),
@@ -990,6 +987,32 @@ mod tests {
     }
 
     #[test]
+    fn missing_model_is_the_default_models_namespace() {
+        let cfg = PrefixConfig::default();
+        let prompt = "x".repeat(600);
+        let get = |b: Value| parse(COMP, b.to_string().as_bytes(), &cfg).unwrap();
+        let none = get(json!({"prompt": prompt}));
+        assert_eq!(none.model, "");
+        assert_eq!(none.blocks.len(), 2);
+        assert_eq!(
+            get(json!({"model": null, "prompt": prompt})).blocks,
+            none.blocks
+        );
+        assert_eq!(
+            get(json!({"model": "", "prompt": prompt})).blocks,
+            none.blocks
+        );
+        assert_ne!(
+            get(json!({"model": "m", "prompt": prompt})).blocks,
+            none.blocks
+        );
+        assert_eq!(
+            parse(COMP, br#"{"model":5,"prompt":"x"}"#, &cfg),
+            Err(RequestError::WrongType("model"))
+        );
+    }
+
+    #[test]
     fn model_and_salt_separate_blocks() {
         let body = |model: &str, salt: Value| {
             json!({"model":model,"cache_salt":salt,"prompt":"x".repeat(600)}).to_string()
@@ -1055,9 +1078,6 @@ mod tests {
             (COMP, r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#.into(), MissingPrompt),
             (CHAT, r#"{"model":"m","messages":[]}"#.into(), MissingPrompt),
             (CHAT, r#"{"model":"m","prompt":"x"}"#.into(), MissingPrompt),
-            (COMP, r#"{"prompt":"x"}"#.into(), MissingModel),
-            (COMP, r#"{"model":"","prompt":"x"}"#.into(), MissingModel),
-            (COMP, r#"{"model":null,"prompt":"x"}"#.into(), MissingModel),
         ];
         for (kind, body, want) in cases {
             let got = p(kind, &body).expect_err(&body);
