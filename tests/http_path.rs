@@ -80,10 +80,15 @@ fn routes_by_body_on_both_openai_paths() {
         "two cold conversations landed on one pod"
     );
 
-    // The repeats matched their prefix: the debug header says so.
+    // The repeats matched their whole prefix: the debug header says so.
     let r = post_json(&envoy.url("/v1/chat/completions"), &a);
     let dbg = r.header("x-kvroute-debug").unwrap();
-    assert!(dbg.contains("reason=Prefix"), "{dbg}");
+    let matched = dbg
+        .split("; ")
+        .find_map(|kv| kv.strip_prefix("matched="))
+        .and_then(|m| m.split_once('/'))
+        .expect("matched=M/N in the debug header");
+    assert!(matched.0 != "0" && matched.0 == matched.1, "{dbg}");
     assert!(envoy.stat("wasmcustom.kvroute.parsed") >= 7.0);
     assert!(envoy.stat("wasmcustom.kvroute.decision.prefix") >= 5.0);
 }

@@ -308,9 +308,8 @@ impl Drop for TempDir {
 }
 
 impl Envoy {
-    /// Starts Envoy in front of `endpoints` with the plugin `config` (its
-    /// `endpoints` field is set from `endpoints`); panics if it does not
-    /// become ready.
+    /// Starts Envoy in front of `endpoints` (passed as `--endpoints`) with
+    /// the plugin `config`; panics if it does not become ready.
     pub fn start(endpoints: &[String], config: Value, concurrency: usize) -> Envoy {
         match Envoy::try_start(endpoints, config, concurrency) {
             Ok(e) => e,
@@ -344,12 +343,11 @@ impl Envoy {
     /// [`Envoy::try_start`] with extra `serve` arguments.
     pub fn try_start_with(
         endpoints: &[String],
-        mut config: Value,
+        config: Value,
         concurrency: usize,
         extra: &[&str],
     ) -> Result<Envoy, String> {
         let dir = TempDir::new("envoy");
-        config["endpoints"] = Value::from(endpoints.to_vec());
         let config_path = dir.0.join("kvroute.json");
         std::fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
         let log = dir.0.join("envoy.log");
@@ -361,6 +359,12 @@ impl Envoy {
             .args(["--concurrency", &concurrency.to_string()])
             .args(["--config", config_path.to_str().unwrap()])
             .args(["--out", dir.0.join("envoy.yaml").to_str().unwrap()])
+            // The pool goes in as users give it: `serve --endpoints A,B`.
+            .args(if endpoints.is_empty() {
+                vec![]
+            } else {
+                vec!["--endpoints".to_string(), endpoints.join(",")]
+            })
             .args(extra)
             .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
             .stderr(Stdio::from(

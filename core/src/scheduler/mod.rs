@@ -93,9 +93,10 @@ pub struct RequestFacts {
 /// Why an endpoint was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
-    /// A cached prefix decided it.
+    /// The chosen endpoint holds the longest prefix any live endpoint holds.
     Prefix,
-    /// Load decided it (the request had a prefix match elsewhere, or none mattered).
+    /// A prefix existed, but load sent the request elsewhere (or to a
+    /// shorter match).
     Load,
     /// No endpoint held any prefix: spread by load and recency.
     Cold,
@@ -166,14 +167,10 @@ impl Scheduler {
         };
         let mut kept: Vec<usize> = (0..candidates.len()).collect();
         let mut fallback = false;
-        let mut affinity_narrowed = false;
         for f in spec.filters {
-            let before = kept.len();
-            match f.filter(&ctx, &mut kept) {
-                Some(Note::Fallback) => fallback = true,
-                Some(Note::AffinityKept) => affinity_narrowed = kept.len() < before,
-                Some(Note::GateOpen) | None => {}
-            }
+            // Affinity notes are for tests and logs; only a fallback changes
+            // the decision's reason.
+            fallback |= f.filter(&ctx, &mut kept) == Some(Note::Fallback);
             if kept.is_empty() {
                 // A filter broke its contract: ignore it rather than fail.
                 kept = (0..candidates.len()).collect();
@@ -201,13 +198,20 @@ impl Scheduler {
         let k = picker::pick(&total, &last, margin, rng)?;
         let chosen = &candidates[kept[k]];
 
+        // Prefix: the chosen endpoint holds the longest prefix any live
+        // endpoint holds. Load: a prefix existed, but load sent the request
+        // elsewhere (or to a shorter match).
+        let longest = candidates
+            .iter()
+            .filter(|c| c.healthy || fallback)
+            .map(|c| c.matched_blocks)
+            .max()
+            .unwrap_or(0);
         let reason = if fallback {
             Reason::Fallback
         } else if cold {
             Reason::Cold
-        } else if chosen.matched_blocks > 0
-            && (affinity_narrowed || !self.wins_without_prefix(req, candidates, &kept, k))
-        {
+        } else if chosen.matched_blocks > 0 && chosen.matched_blocks >= longest {
             Reason::Prefix
         } else {
             Reason::Load
@@ -243,33 +247,6 @@ impl Scheduler {
             }
         }
         total
-    }
-
-    /// Whether kept candidate `k` would still score at least as well as
-    /// every other if it held no block of the request (the counterfactual
-    /// that tells `Prefix` from `Load`). A lone candidate does not.
-    fn wins_without_prefix(
-        &self,
-        req: &RequestFacts,
-        candidates: &[Candidate],
-        kept: &[usize],
-        k: usize,
-    ) -> bool {
-        if kept.len() < 2 {
-            return false;
-        }
-        let mut cf = candidates.to_vec();
-        cf[kept[k]].matched_blocks = 0;
-        let ctx = Context {
-            req,
-            candidates: &cf,
-            config: &self.config,
-        };
-        let total = self.score(&ctx, kept);
-        total
-            .iter()
-            .enumerate()
-            .all(|(j, &t)| j == k || total[k] > t + picker::EPS)
     }
 }
 
@@ -377,12 +354,12 @@ mod tests {
                 Reason::Load,
             ),
             (
-                "match on least loaded: load decided",
+                "match on least loaded: the prefix holder",
                 BOTH,
                 10,
                 match_on_idle,
                 0,
-                Reason::Load,
+                Reason::Prefix,
             ),
         ];
         for (what, profiles, blocks, cands, want, reason) in cases {
