@@ -1,6 +1,750 @@
-//! In-proxy cost of kvroute (placeholder; owned by the overhead benchmark).
+//! `kvroute-bench overhead`: what kvroute costs inside Envoy (issue 5, item 4).
+//!
+//! The same Envoy listener is run twice side by side on loopback, once
+//! without the filter (`--lb round_robin`) and once with kvroute, both in
+//! front of the same `kvroute-sim` pods with the latency model off, so the
+//! difference is the filter: buffering the body, copying it into the wasm
+//! VM, parsing and hashing it, deciding, and the shared-data traffic.
+//!
+//! Phases (all bounded; every process is killed on exit, also on error):
+//!
+//! 1. **latency**: sequential requests alternating between the two Envoys,
+//!    non-streaming, `max_tokens: 1`, chat bodies of each `--sizes` with a
+//!    unique prefix: p50/p90/p99 each and the difference (added latency);
+//! 2. **throughput**: a closed loop at `--load-concurrency` for
+//!    `--load-secs` per router and size: requests/s and CPU per request of
+//!    Envoy, the simulator and this client (from `/proc/<pid>/stat`);
+//! 3. **memory**: a fresh Envoy per pass, `--rss-requests` requests with
+//!    unique prefixes, Envoy's `VmRSS` sampled along the way; passes:
+//!    baseline, kvroute with defaults, kvroute with a small
+//!    `prefix.capacity_blocks` (to show the plateau follows the bound).
+//!
+//! Output: a table on stdout and JSON in `bench/results/overhead-<date>.json`.
+
+mod load;
+mod procs;
+
+use anyhow::{bail, Context as _, Result};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use hdrhistogram::Histogram;
+use load::{Bodies, Stop};
+use procs::{Child, EnvoySpec, Tools};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
 /// Arguments of `kvroute-bench overhead`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct OverheadArgs {}
+pub struct OverheadArgs {
+    /// Repository root (binaries, `envoy/render.py`, `.venv` and
+    /// `bench/results` are found from here).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/.."))]
+    pub root: PathBuf,
+    /// First port used: pods on P, P+1; Envoys on P+10.. (listener, admin).
+    #[arg(long, default_value_t = 19400)]
+    pub base_port: u16,
+    /// Envoy worker threads (`--concurrency`), the same for both Envoys.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u16,
+    /// Prompt body sizes in bytes for the latency phase.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1024,16384,131072,524288"
+    )]
+    pub sizes: Vec<usize>,
+    /// Measured request pairs per size in the latency phase.
+    #[arg(long, default_value_t = 2000)]
+    pub latency_rounds: usize,
+    /// Discarded warm-up pairs per size.
+    #[arg(long, default_value_t = 200)]
+    pub warmup_rounds: usize,
+    /// Body sizes for the throughput phase.
+    #[arg(long, value_delimiter = ',', default_value = "1024,16384")]
+    pub load_sizes: Vec<usize>,
+    /// Concurrent client connections in the throughput and memory phases.
+    #[arg(long, default_value_t = 16)]
+    pub load_concurrency: usize,
+    /// Seconds per router and size in the throughput phase.
+    #[arg(long, default_value_t = 10)]
+    pub load_secs: u64,
+    /// Requests with unique prefixes per memory pass (0 skips the phase).
+    #[arg(long, default_value_t = 100_000)]
+    pub rss_requests: u64,
+    /// Body size of the memory phase's requests.
+    #[arg(long, default_value_t = 4096)]
+    pub rss_body_bytes: usize,
+    /// RSS is sampled after every this many requests.
+    #[arg(long, default_value_t = 10_000)]
+    pub rss_sample_every: u64,
+    /// `prefix.capacity_blocks` of the small-bound memory pass (0 skips it).
+    #[arg(long, default_value_t = 512)]
+    pub rss_small_capacity: usize,
+    /// Where the JSON goes (default: `<root>/bench/results`).
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+}
+
+/// Bytes per indexed block at most (`core/src/prefix/index.rs`: 24-byte node
+/// plus a map entry at the lowest load factor).
+const INDEX_BYTES_PER_BLOCK: u64 = 63;
+
 /// Runs the overhead benchmark.
-pub fn run(_args: &OverheadArgs) -> anyhow::Result<()> { anyhow::bail!("not yet implemented") }
+pub fn run(args: &OverheadArgs) -> Result<()> {
+    validate(args)?;
+    let root = args.root.canonicalize().context("--root")?;
+    let work = std::env::temp_dir().join(format!("kvroute-overhead-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let tools = Tools {
+        sim: root.join("target/release/kvroute-sim"),
+        wasm: root.join("target/wasm32-wasip1/release/kvroute.wasm"),
+        python: root.join(".venv/bin/python"),
+        render: root.join("envoy/render.py"),
+        work,
+    };
+    for p in [&tools.sim, &tools.wasm, &tools.python, &tools.render] {
+        if !p.exists() {
+            bail!("{} not found: run ./build.sh build first", p.display());
+        }
+    }
+    let ports = Ports(args.base_port);
+    for port in ports.all() {
+        procs::ensure_free(port)?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let started = SystemTime::now();
+    let load_before = loadavg();
+    let results = rt.block_on(measure(args, &tools, ports))?;
+    let report = json!({
+        "benchmark": "overhead",
+        "date_utc": utc_datetime(started),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": machine(),
+        "load_average_before": load_before,
+        "load_average_after": loadavg(),
+        "client_shares_cores_with_envoy_and_sim": true,
+        "config": {
+            "workers": args.workers,
+            "pods": 2,
+            "sim": "kvroute-sim --pods 2 --no-latency",
+            "request": "POST /v1/chat/completions, one user message, unique 16-hex prefix, max_tokens 1, non-streaming",
+            "latency_rounds": args.latency_rounds,
+            "warmup_rounds": args.warmup_rounds,
+            "load_concurrency": args.load_concurrency,
+            "load_secs": args.load_secs,
+            "rss_requests": args.rss_requests,
+            "rss_body_bytes": args.rss_body_bytes,
+        },
+        "latency": results.latency,
+        "throughput": results.throughput,
+        "memory": results.memory,
+        "kvroute_counters": results.counters,
+        "goals": results.goals,
+    });
+    let out_dir = args
+        .out_dir
+        .clone()
+        .unwrap_or_else(|| root.join("bench/results"));
+    std::fs::create_dir_all(&out_dir)?;
+    let path = out_dir.join(format!("overhead-{}.json", &utc_datetime(started)[..10]));
+    std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")?;
+    print_tables(&report);
+    println!("results: {}", path.display());
+    let _ = std::fs::remove_dir_all(&tools.work);
+    Ok(())
+}
+
+fn validate(args: &OverheadArgs) -> Result<()> {
+    for &s in args.sizes.iter().chain(&args.load_sizes) {
+        if !(Bodies::MIN_SIZE..=(4 << 20)).contains(&s) {
+            bail!("body size {s} out of range {}..=4 MiB", Bodies::MIN_SIZE);
+        }
+    }
+    if !(Bodies::MIN_SIZE..=(4 << 20)).contains(&args.rss_body_bytes) {
+        bail!("--rss-body-bytes out of range");
+    }
+    if args.load_concurrency == 0 || args.load_concurrency > 1024 {
+        bail!("--load-concurrency must be 1..=1024");
+    }
+    if args.rss_sample_every == 0 || args.base_port > 65_000 || args.workers == 0 {
+        bail!("--rss-sample-every and --workers must be > 0, --base-port <= 65000");
+    }
+    Ok(())
+}
+
+/// The ports of one run, all on 127.0.0.1, derived from `--base-port`.
+#[derive(Debug, Clone, Copy)]
+struct Ports(u16);
+
+impl Ports {
+    fn pod(self, i: u16) -> u16 {
+        self.0 + i
+    }
+    /// (listener, admin) of Envoy number `i`.
+    fn envoy(self, i: u16) -> (u16, u16) {
+        (self.0 + 10 + 2 * i, self.0 + 11 + 2 * i)
+    }
+    fn all(self) -> Vec<u16> {
+        let mut v = vec![self.pod(0), self.pod(1)];
+        for i in 0..5 {
+            let (l, a) = self.envoy(i);
+            v.extend([l, a]);
+        }
+        v
+    }
+}
+
+struct Results {
+    latency: Value,
+    throughput: Value,
+    memory: Value,
+    counters: Value,
+    goals: Value,
+}
+
+fn spec(
+    name: &str,
+    lb: &'static str,
+    plugin: Option<Value>,
+    ports: (u16, u16),
+    workers: u16,
+) -> EnvoySpec {
+    EnvoySpec {
+        name: name.to_owned(),
+        lb,
+        plugin,
+        listen: ports.0,
+        admin: ports.1,
+        workers,
+    }
+}
+
+fn url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}/v1/chat/completions")
+}
+
+async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Results> {
+    let sim = procs::start_sim(tools, 2, ports.pod(0))?;
+    let endpoints: Vec<SocketAddr> = (0..2)
+        .map(|i| SocketAddr::from(([127, 0, 0, 1], ports.pod(i))))
+        .collect();
+    let client = load::client()?;
+    let nonce = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let max_size = args
+        .sizes
+        .iter()
+        .chain(&args.load_sizes)
+        .copied()
+        .chain([args.rss_body_bytes])
+        .max()
+        .unwrap_or(1024);
+    let bodies = Arc::new(Bodies::new(max_size, nonce));
+
+    // Phases 1 and 2: both Envoys side by side.
+    let rr_spec = spec(
+        "round_robin",
+        "round_robin",
+        None,
+        ports.envoy(0),
+        args.workers,
+    );
+    let kv_spec = spec("kvroute", "kvroute", None, ports.envoy(1), args.workers);
+    let rr = procs::start_envoy(tools, &rr_spec, &endpoints)?;
+    let kv = procs::start_envoy(tools, &kv_spec, &endpoints)?;
+    let urls = [url(rr_spec.listen), url(kv_spec.listen)];
+
+    let mut latency = Vec::new();
+    for &size in &args.sizes {
+        eprintln!(
+            "overhead: latency, {} byte bodies, {} pairs",
+            size, args.latency_rounds
+        );
+        let h = load::paired_latency(
+            &client,
+            &urls,
+            &bodies,
+            size,
+            args.warmup_rounds,
+            args.latency_rounds,
+        )
+        .await?;
+        latency.push(latency_row(size, &h[0], &h[1]));
+    }
+
+    let ticks = procs::clock_ticks();
+    let mut throughput = Vec::new();
+    for &size in &args.load_sizes {
+        for (name, envoy, url) in [("round_robin", &rr, &urls[0]), ("kvroute", &kv, &urls[1])] {
+            eprintln!(
+                "overhead: throughput, {name}, {size} byte bodies, {} connections, {} s",
+                args.load_concurrency, args.load_secs
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let pids = [envoy.pid(), sim.pid(), std::process::id()];
+            let before: Vec<f64> = pids
+                .iter()
+                .map(|&p| procs::cpu_seconds(p, ticks))
+                .collect::<Result<_>>()?;
+            let r = load::closed_loop(
+                &client,
+                url,
+                bodies.clone(),
+                size,
+                args.load_concurrency,
+                Stop::After(Duration::from_secs(args.load_secs)),
+            )
+            .await?;
+            let after: Vec<f64> = pids
+                .iter()
+                .map(|&p| procs::cpu_seconds(p, ticks))
+                .collect::<Result<_>>()?;
+            if r.errors > 0 {
+                bail!(
+                    "{name}: {} errors, first: {}",
+                    r.errors,
+                    r.first_error.unwrap_or_default()
+                );
+            }
+            let per_req_us = |i: usize| (after[i] - before[i]) * 1e6 / r.ok.max(1) as f64;
+            let secs = r.elapsed.as_secs_f64();
+            throughput.push(json!({
+                "router": name,
+                "body_bytes": size,
+                "concurrency": args.load_concurrency,
+                "requests": r.ok,
+                "seconds": round(secs, 3),
+                "requests_per_s": round(r.ok as f64 / secs, 1),
+                "latency_p50_us": us(&r.latency, 50.0),
+                "latency_p99_us": us(&r.latency, 99.0),
+                "envoy_cpu_us_per_request": round(per_req_us(0), 1),
+                "sim_cpu_us_per_request": round(per_req_us(1), 1),
+                "client_cpu_us_per_request": round(per_req_us(2), 1),
+                "envoy_cores_busy": round((after[0] - before[0]) / secs, 2),
+            }));
+        }
+    }
+    let mut counters = serde_json::Map::new();
+    counters.insert("side_by_side".into(), counters_json(kv_spec.admin)?);
+    drop(kv);
+    drop(rr);
+
+    // Phase 3: memory, one fresh Envoy per pass.
+    let mut memory = Vec::new();
+    if args.rss_requests > 0 {
+        let engine_capacity = engine_index_capacity(endpoints[0])?;
+        let mut passes = vec![
+            (
+                spec(
+                    "round_robin-rss",
+                    "round_robin",
+                    None,
+                    ports.envoy(2),
+                    args.workers,
+                ),
+                None,
+            ),
+            (
+                spec("kvroute-rss", "kvroute", None, ports.envoy(3), args.workers),
+                Some(engine_capacity),
+            ),
+        ];
+        if args.rss_small_capacity > 0 {
+            let plugin = json!({"prefix": {
+                "capacity_blocks": args.rss_small_capacity,
+                "follow_engine_capacity": false,
+            }});
+            passes.push((
+                spec(
+                    "kvroute-rss-small",
+                    "kvroute",
+                    Some(plugin),
+                    ports.envoy(4),
+                    args.workers,
+                ),
+                Some(args.rss_small_capacity as u64),
+            ));
+        }
+        for (spec, capacity) in passes {
+            let pass =
+                memory_pass(args, tools, &spec, &endpoints, &client, &bodies, capacity).await?;
+            if spec.lb == "kvroute" {
+                counters.insert(spec.name.clone(), counters_json(spec.admin)?);
+            }
+            memory.push(pass.0);
+            drop(pass.1);
+        }
+    }
+    drop(sim);
+    let goals = goals(&latency, &memory);
+    Ok(Results {
+        latency: Value::Array(latency),
+        throughput: Value::Array(throughput),
+        memory: Value::Array(memory),
+        counters: Value::Object(counters),
+        goals,
+    })
+}
+
+/// One memory pass: a fresh Envoy, RSS when ready, after a warm-up, and
+/// every `rss_sample_every` requests. Returns the JSON and the (still
+/// running) Envoy so its counters can be read.
+async fn memory_pass(
+    args: &OverheadArgs,
+    tools: &Tools,
+    spec: &EnvoySpec,
+    endpoints: &[SocketAddr],
+    client: &reqwest::Client,
+    bodies: &Arc<Bodies>,
+    capacity_blocks: Option<u64>,
+) -> Result<(Value, Child)> {
+    eprintln!(
+        "overhead: memory, {}, {} requests of {} bytes with unique prefixes",
+        spec.name, args.rss_requests, args.rss_body_bytes
+    );
+    let mut envoy = procs::start_envoy(tools, spec, endpoints)?;
+    let pid = envoy.pid();
+    let url = url(spec.listen);
+    // Let the scraper run a few ticks so the idle figure is a steady one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_ready = procs::rss_bytes(pid)?;
+    let warmup = 1_000u64.min(args.rss_requests);
+    run_count(client, &url, bodies, args, warmup).await?;
+    let rss_warm = procs::rss_bytes(pid)?;
+    let mut samples = vec![json!({"requests": 0, "rss_mib": mib(rss_warm)})];
+    let started = Instant::now();
+    let mut done = 0;
+    while done < args.rss_requests {
+        let n = args.rss_sample_every.min(args.rss_requests - done);
+        run_count(client, &url, bodies, args, n).await?;
+        envoy.check_alive()?;
+        done += n;
+        samples.push(json!({"requests": done, "rss_mib": mib(procs::rss_bytes(pid)?)}));
+    }
+    let rss_after = procs::rss_bytes(pid)?;
+    let first = samples
+        .get(1)
+        .and_then(|s| s["rss_mib"].as_f64())
+        .unwrap_or(mib(rss_warm));
+    let blocks_per_request = (args.rss_body_bytes / 256) as u64;
+    let index_bound = capacity_blocks.map(|c| {
+        // Every VM (one per worker plus the main thread's) holds an index.
+        let vms = u64::from(spec.workers) + 1;
+        vms * endpoints.len() as u64 * c * INDEX_BYTES_PER_BLOCK
+    });
+    let value = json!({
+        "router": spec.name,
+        "capacity_blocks_per_endpoint": capacity_blocks,
+        "index_bound_mib": index_bound.map(mib),
+        "requests": done,
+        "blocks_offered_per_vm": done * blocks_per_request,
+        "seconds": round(started.elapsed().as_secs_f64(), 1),
+        "rss_ready_mib": mib(rss_ready),
+        "rss_before_mib": mib(rss_warm),
+        "rss_after_mib": mib(rss_after),
+        "growth_mib": round(mib(rss_after) - mib(rss_warm), 2),
+        "growth_after_first_sample_mib": round(mib(rss_after) - first, 2),
+        "samples": samples,
+    });
+    Ok((value, envoy))
+}
+
+async fn run_count(
+    client: &reqwest::Client,
+    url: &str,
+    bodies: &Arc<Bodies>,
+    args: &OverheadArgs,
+    n: u64,
+) -> Result<()> {
+    let r = load::closed_loop(
+        client,
+        url,
+        bodies.clone(),
+        args.rss_body_bytes,
+        args.load_concurrency,
+        Stop::Count(n),
+    )
+    .await?;
+    if r.errors > 0 {
+        bail!(
+            "{url}: {} errors, first: {}",
+            r.errors,
+            r.first_error.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// The index capacity kvroute follows by default: the pod's KV capacity in
+/// tokens (`/sim/state`) over kvroute's 64-token blocks.
+fn engine_index_capacity(pod: SocketAddr) -> Result<u64> {
+    let (_, body) = procs::http_get(pod, "/sim/state")?;
+    let state: Value = serde_json::from_str(&body).context("/sim/state")?;
+    let blocks = state["kv_blocks_capacity"]
+        .as_u64()
+        .context("kv_blocks_capacity")?;
+    let size = state["block_size"].as_u64().context("block_size")?;
+    Ok(blocks * size / 64)
+}
+
+fn counters_json(admin: u16) -> Result<Value> {
+    Ok(Value::Object(
+        procs::kvroute_counters(admin)?
+            .into_iter()
+            .map(|(k, v)| (k, Value::from(v)))
+            .collect(),
+    ))
+}
+
+fn latency_row(size: usize, base: &Histogram<u64>, kv: &Histogram<u64>) -> Value {
+    let added = |q: f64| round(us(kv, q) - us(base, q), 1);
+    json!({
+        "body_bytes": size,
+        "samples": kv.len(),
+        "round_robin_us": {"p50": us(base, 50.0), "p90": us(base, 90.0), "p99": us(base, 99.0), "mean": round(base.mean() / 1e3, 1)},
+        "kvroute_us": {"p50": us(kv, 50.0), "p90": us(kv, 90.0), "p99": us(kv, 99.0), "mean": round(kv.mean() / 1e3, 1)},
+        "added_us": {"p50": added(50.0), "p90": added(90.0), "p99": added(99.0), "mean": round((kv.mean() - base.mean()) / 1e3, 1)},
+    })
+}
+
+/// The issue's goals, judged on this run's numbers.
+fn goals(latency: &[Value], memory: &[Value]) -> Value {
+    let added_p50 = |size: u64| {
+        latency
+            .iter()
+            .find(|r| r["body_bytes"].as_u64() == Some(size))
+            .and_then(|r| r["added_us"]["p50"].as_f64())
+    };
+    let judge = |got: Option<f64>, limit: f64| match got {
+        Some(v) => json!({"added_p50_us": v, "limit_us": limit, "met": v <= limit}),
+        None => Value::Null,
+    };
+    let rss: Vec<Value> = memory
+        .iter()
+        .filter(|m| m["index_bound_mib"].is_number())
+        .map(|m| {
+            let growth = m["growth_after_first_sample_mib"]
+                .as_f64()
+                .unwrap_or(f64::MAX);
+            let bound = m["index_bound_mib"].as_f64().unwrap_or(0.0);
+            json!({
+                "router": m["router"],
+                "growth_after_first_sample_mib": growth,
+                "total_growth_mib": m["growth_mib"],
+                "index_bound_mib": bound,
+                "met": growth <= bound.max(1.0),
+            })
+        })
+        .collect();
+    json!({
+        "added_latency_16KiB_p50": judge(added_p50(16 << 10), 100.0),
+        "added_latency_512KiB_p50": judge(added_p50(512 << 10), 1000.0),
+        "rss_flat": rss,
+    })
+}
+
+fn print_tables(report: &Value) {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+        "body",
+        "rr p50 us",
+        "kv p50 us",
+        "added p50",
+        "rr p99 us",
+        "kv p99 us",
+        "added p99",
+    ]);
+    for r in report["latency"].as_array().into_iter().flatten() {
+        t.add_row(vec![
+            size_label(r["body_bytes"].as_u64().unwrap_or(0)),
+            r["round_robin_us"]["p50"].to_string(),
+            r["kvroute_us"]["p50"].to_string(),
+            r["added_us"]["p50"].to_string(),
+            r["round_robin_us"]["p99"].to_string(),
+            r["kvroute_us"]["p99"].to_string(),
+            r["added_us"]["p99"].to_string(),
+        ]);
+    }
+    println!("Added latency (sequential, client-observed, non-streaming, max_tokens 1)\n{t}");
+
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+        "router",
+        "body",
+        "conns",
+        "req/s",
+        "p50 us",
+        "p99 us",
+        "Envoy CPU us/req",
+        "Envoy cores",
+        "sim us/req",
+        "client us/req",
+    ]);
+    for r in report["throughput"].as_array().into_iter().flatten() {
+        t.add_row(vec![
+            r["router"].as_str().unwrap_or("").to_owned(),
+            size_label(r["body_bytes"].as_u64().unwrap_or(0)),
+            r["concurrency"].to_string(),
+            r["requests_per_s"].to_string(),
+            r["latency_p50_us"].to_string(),
+            r["latency_p99_us"].to_string(),
+            r["envoy_cpu_us_per_request"].to_string(),
+            r["envoy_cores_busy"].to_string(),
+            r["sim_cpu_us_per_request"].to_string(),
+            r["client_cpu_us_per_request"].to_string(),
+        ]);
+    }
+    println!("Throughput at fixed concurrency (client, sim and Envoy share the 2 cores)\n{t}");
+
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+        "pass",
+        "capacity/endpoint",
+        "index bound MiB",
+        "requests",
+        "RSS ready MiB",
+        "RSS before MiB",
+        "RSS after MiB",
+        "growth after 1st sample",
+    ]);
+    for r in report["memory"].as_array().into_iter().flatten() {
+        t.add_row(vec![
+            r["router"].as_str().unwrap_or("").to_owned(),
+            r["capacity_blocks_per_endpoint"].to_string(),
+            r["index_bound_mib"].to_string(),
+            r["requests"].to_string(),
+            r["rss_ready_mib"].to_string(),
+            r["rss_before_mib"].to_string(),
+            r["rss_after_mib"].to_string(),
+            r["growth_after_first_sample_mib"].to_string(),
+        ]);
+    }
+    println!("Envoy RSS over requests with unique prefixes\n{t}");
+    println!(
+        "goals: {}",
+        serde_json::to_string_pretty(&report["goals"]).unwrap_or_default()
+    );
+}
+
+/// Percentile of a ns histogram in us, one decimal.
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    round(h.value_at_quantile(q / 100.0) as f64 / 1e3, 1)
+}
+
+fn mib(bytes: u64) -> f64 {
+    round(bytes as f64 / (1024.0 * 1024.0), 2)
+}
+
+fn round(v: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (v * f).round() / f
+}
+
+fn size_label(bytes: u64) -> String {
+    if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned());
+    let mem_kb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .map(str::to_owned)
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        });
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": model,
+        "memory_gib": mem_kb.map(|kb| round(kb as f64 / 1024.0 / 1024.0, 1)),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` of a system time (UTC, proleptic Gregorian).
+fn utc_datetime(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_utc_calendar_dates() {
+        assert_eq!(utc_datetime(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_232_217);
+        assert_eq!(utc_datetime(t), "2026-12-02T17:23:37Z");
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn ports_do_not_overlap() {
+        let mut all = Ports(19400).all();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n);
+    }
+
+    #[test]
+    fn added_latency_goal_is_judged_at_p50() {
+        let mut base = load::histogram();
+        let mut kv = load::histogram();
+        for _ in 0..100 {
+            base.record(200_000).unwrap();
+            kv.record(250_000).unwrap();
+        }
+        let row = latency_row(16 << 10, &base, &kv);
+        let added = row["added_us"]["p50"].as_f64().unwrap();
+        assert!((added - 50.0).abs() < 0.5, "{added}"); // hdrhistogram rounds to 3 digits
+        let g = goals(&[row], &[]);
+        assert_eq!(g["added_latency_16KiB_p50"]["met"], json!(true));
+        assert!(g["added_latency_512KiB_p50"].is_null());
+    }
+}

@@ -1,0 +1,272 @@
+//! Criterion microbenchmarks of the pure routing core, on the host.
+//!
+//! Issue 5 asks what kvroute costs per request *before* Envoy and wasm are in
+//! the picture: how fast a body is parsed and hashed (MB/s), how fast a
+//! Prometheus scrape is read, what the prefix index costs per lookup and per
+//! insert, and how a decision scales with the pool (8, 64, 256 endpoints).
+//! The in-proxy numbers (`kvroute-bench overhead`) include V8, copies and
+//! shared data on top of these.
+//!
+//! Run: `cargo bench -p kvroute-core --bench core` (about a minute; results
+//! are recorded in `bench/README.md`, section "Core microbenchmarks").
+//! Measurement windows are short on purpose: the box has 2 cores and is
+//! shared.
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvroute_core::config::{Config, MetricsConfig, PrefixConfig};
+use kvroute_core::endpoint::Endpoint;
+use kvroute_core::inflight::InFlight;
+use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
+use kvroute_core::prefix::{block_hashes, seed, PrefixIndex};
+use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::router::Router;
+use kvroute_core::shared::endpoint_state::EndpointStates;
+use std::time::Duration;
+
+/// The scrape fixture a real vLLM 0.29 server produced (see its SOURCES.md).
+const VLLM_SCRAPE: &str =
+    include_str!("../../tests/fixtures/metrics/vllm-0.29.0-v1-qwen2.5-1.5b-inferstack.txt");
+
+/// Body sizes the issue names for parsing and hashing.
+const BODY_SIZES: [(&str, usize); 3] = [
+    ("16KiB", 16 << 10),
+    ("512KiB", 512 << 10),
+    ("4MiB", 4 << 20),
+];
+
+/// Pool sizes the issue names for decision time.
+const POOL_SIZES: [usize; 3] = [8, 64, 256];
+
+/// Blocks in the request whose decision is timed (a 16 KiB prompt at the
+/// default 256 bytes per block).
+const REQUEST_BLOCKS: usize = 64;
+
+/// Deterministic word-like ASCII text of exactly `len` bytes (no JSON
+/// escapes, so the parser takes its borrowed-string path, as for most prose).
+fn prose(len: usize, rng: &mut fastrand::Rng) -> String {
+    const WORDS: [&str; 12] = [
+        "the", "model", "server", "cache", "prefix", "token", "router", "block", "of", "and",
+        "request", "envoy",
+    ];
+    let mut s = String::with_capacity(len + 16);
+    while s.len() < len {
+        s.push_str(WORDS[rng.usize(..WORDS.len())]);
+        s.push(if rng.u8(..10) == 0 { '.' } else { ' ' });
+    }
+    s.truncate(len);
+    s
+}
+
+/// A chat body of about `size` bytes: a system prompt (a quarter) and a
+/// conversation of user/assistant turns making up the rest.
+fn chat_body(size: usize) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let system = prose(size / 4, &mut rng);
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+    let turns = 8;
+    let per_turn = (size - size / 4).saturating_sub(200) / turns;
+    for t in 0..turns {
+        let role = if t % 2 == 0 { "user" } else { "assistant" };
+        messages.push(serde_json::json!({"role": role, "content": prose(per_turn, &mut rng)}));
+    }
+    serde_json::to_vec(&serde_json::json!({
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "messages": messages,
+        "max_tokens": 16,
+    }))
+    .expect("a JSON value serializes")
+}
+
+/// A completions body of about `size` bytes with one string prompt.
+fn completions_body(size: usize) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(7);
+    serde_json::to_vec(&serde_json::json!({
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "prompt": prose(size.saturating_sub(100), &mut rng),
+        "max_tokens": 16,
+    }))
+    .expect("a JSON value serializes")
+}
+
+/// Parsing + canonicalization + chained block hashing of whole bodies.
+fn bench_parse(c: &mut Criterion) {
+    let cfg = PrefixConfig::default();
+    let mut g = c.benchmark_group("parse");
+    for (label, size) in BODY_SIZES {
+        for (api, name, body) in [
+            (ApiKind::ChatCompletions, "chat", chat_body(size)),
+            (ApiKind::Completions, "completions", completions_body(size)),
+        ] {
+            parse(api, &body, &cfg).expect("the generated body parses");
+            g.throughput(Throughput::Bytes(body.len() as u64));
+            g.bench_with_input(BenchmarkId::new(name, label), &body, |b, body| {
+                b.iter(|| parse(api, black_box(body), &cfg).map(|r| r.blocks.len()))
+            });
+        }
+    }
+    g.finish();
+}
+
+/// Block hashing alone (no JSON), for comparison with `parse`.
+fn bench_hash(c: &mut Criterion) {
+    let cfg = PrefixConfig::default();
+    let mut g = c.benchmark_group("hash");
+    let text = prose(4 << 20, &mut fastrand::Rng::with_seed(3));
+    let s = seed("meta-llama/Llama-3.1-8B-Instruct", None);
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_function("block_hashes/4MiB", |b| {
+        b.iter(|| block_hashes(s, black_box(text.as_bytes()), cfg.block_bytes(), usize::MAX).len())
+    });
+    g.finish();
+}
+
+/// Reading one real vLLM scrape into a snapshot.
+fn bench_metrics(c: &mut Criterion) {
+    let cfg = MetricsConfig::default();
+    read_snapshot(VLLM_SCRAPE, &cfg).expect("the fixture reads");
+    let mut g = c.benchmark_group("metrics");
+    g.throughput(Throughput::Bytes(VLLM_SCRAPE.len() as u64));
+    g.bench_function("read_snapshot/vllm-0.29.0", |b| {
+        b.iter(|| read_snapshot(black_box(VLLM_SCRAPE), &cfg))
+    });
+    g.finish();
+}
+
+fn endpoint(i: usize) -> Endpoint {
+    format!("10.{}.{}.{}:8000", i >> 16 & 255, i >> 8 & 255, i & 255)
+        .parse()
+        .expect("a literal ip:port")
+}
+
+/// Chained-looking random block hashes for one synthetic conversation.
+fn conversation(rng: &mut fastrand::Rng, len: usize) -> Vec<u64> {
+    (0..len).map(|_| rng.u64(..)).collect()
+}
+
+/// An index of `endpoints` endpoints, each filled to `capacity` blocks with
+/// conversations of `REQUEST_BLOCKS` blocks; returns one conversation per
+/// endpoint (the last recorded, so fully resident).
+fn populated_index(endpoints: usize, capacity: usize) -> (PrefixIndex, Vec<Vec<u64>>) {
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut index = PrefixIndex::new(capacity);
+    let mut last = Vec::new();
+    for e in 0..endpoints {
+        let mut conv = Vec::new();
+        for _ in 0..capacity / REQUEST_BLOCKS {
+            conv = conversation(&mut rng, REQUEST_BLOCKS);
+            index.record(endpoint(e), &conv);
+        }
+        last.push(conv);
+    }
+    (index, last)
+}
+
+/// `PrefixIndex::longest_prefix` (hit and miss) and `record` on a full index.
+fn bench_index(c: &mut Criterion) {
+    let capacity = PrefixConfig::default().capacity_blocks;
+    let (mut index, resident) = populated_index(8, capacity);
+    let miss = conversation(&mut fastrand::Rng::with_seed(99), REQUEST_BLOCKS);
+    let hit = &resident[3];
+    assert_eq!(index.longest_prefix(hit)[0].1, REQUEST_BLOCKS);
+    let mut g = c.benchmark_group("prefix_index");
+    g.throughput(Throughput::Elements(REQUEST_BLOCKS as u64));
+    g.bench_function("longest_prefix/hit_64_blocks", |b| {
+        b.iter(|| index.longest_prefix(black_box(hit)))
+    });
+    g.bench_function("longest_prefix/miss", |b| {
+        b.iter(|| index.longest_prefix(black_box(&miss)))
+    });
+    // New blocks into a full endpoint: every insert evicts (the steady state).
+    let mut rng = fastrand::Rng::with_seed(5);
+    g.bench_function("record/64_new_blocks_full_endpoint", |b| {
+        b.iter_batched(
+            || conversation(&mut rng, REQUEST_BLOCKS),
+            |blocks| index.record(endpoint(0), &blocks),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    // Re-recording a resident conversation: LRU touches only.
+    let touch = resident[5].clone();
+    g.bench_function("record/64_resident_blocks", |b| {
+        b.iter(|| index.record(endpoint(5), black_box(&touch)))
+    });
+    g.finish();
+}
+
+/// `Router::decide` over pools of 8, 64 and 256 endpoints with a populated
+/// index (each endpoint holds 4096 blocks) and fresh scrape states; the
+/// request shares its first half with one endpoint's resident conversation.
+fn bench_decide(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decide");
+    for n in POOL_SIZES {
+        let mut config = Config {
+            endpoints: (0..n).map(endpoint).collect(),
+            ..Config::default()
+        };
+        config.prefix.capacity_blocks = 4096;
+        config.prefix.follow_engine_capacity = false;
+        config.scheduling.seed = Some(1);
+        let mut router = Router::new(config);
+        let mut rng = fastrand::Rng::with_seed(17);
+        let mut resident = Vec::new();
+        for e in 0..n {
+            // Fill the router's own index the way the filter does: by learning.
+            for _ in 0..4096 / REQUEST_BLOCKS - 1 {
+                router.learn(endpoint(e), &conversation(&mut rng, REQUEST_BLOCKS), 1);
+            }
+            let conv = conversation(&mut rng, REQUEST_BLOCKS);
+            router.learn(endpoint(e), &conv, 1);
+            resident.push(conv);
+        }
+        assert_eq!(router.indexed_blocks(endpoint(0)), 4096);
+        let now = 10_000;
+        let mut states = EndpointStates::default();
+        for e in 0..n {
+            let snapshot = MetricsSnapshot {
+                waiting: (e % 3) as f64,
+                running: (e % 7) as f64,
+                kv_usage: Some((e % 10) as f64 / 10.0),
+                kv_capacity_tokens: None,
+            };
+            states.succeed(endpoint(e), snapshot, now - 10);
+        }
+        let mut request = resident[n / 2][..REQUEST_BLOCKS / 2].to_vec();
+        request.extend(conversation(&mut rng, REQUEST_BLOCKS / 2));
+        let inflight = |e: Endpoint| InFlight {
+            requests: u32::from(e.addr().port() % 3 == 0),
+            tokens: 0,
+        };
+        let mut pick_rng = fastrand::Rng::with_seed(23);
+        router
+            .decide(&request, 4096, &states, inflight, now, &mut pick_rng)
+            .expect("a non-empty pool decides");
+        g.bench_with_input(BenchmarkId::new("endpoints", n), &request, |b, request| {
+            b.iter(|| {
+                router.decide(
+                    black_box(request),
+                    4096,
+                    &states,
+                    inflight,
+                    now,
+                    &mut pick_rng,
+                )
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Short windows: the whole suite runs in about a minute on 2 cores.
+fn quick() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = core;
+    config = quick();
+    targets = bench_parse, bench_hash, bench_metrics, bench_index, bench_decide
+}
+criterion_main!(core);
