@@ -4,4 +4,17 @@
 //! The binary (`main.rs`) is a thin CLI over these modules so the pure parts
 //! (trace generation, theoretical maximum, percentile math) are unit-testable.
 
+pub mod commands;
+pub mod experiment;
+pub mod measure;
 pub mod overhead;
+pub mod plot;
+pub mod pod_metrics;
+pub mod procs;
+pub mod report;
+pub mod router_under_test;
+pub mod runner;
+pub mod text;
+pub mod theory;
+pub mod trace;
+pub mod workload;

@@ -1,5 +1,6 @@
 //! `kvroute-bench`: command line entry point; all logic lives in the library.
 use clap::{Parser, Subcommand};
+use kvroute_bench::commands;
 
 /// Routing-quality and in-proxy-cost benchmarks for kvroute.
 #[derive(Debug, Parser)]
@@ -11,13 +12,35 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Short side-by-side demo: Envoy round robin vs kvroute on a multi-turn chat (4 pods).
+    Demo(commands::DemoArgs),
+    /// Full comparison: every workload x every router, fresh pods for each run.
+    Matrix(Box<commands::MatrixArgs>),
+    /// Install what the bench needs beyond `./build.sh build` (sglang-router in .venv).
+    Setup(commands::SetupArgs),
     /// In-proxy cost: Envoy with kvroute vs the same Envoy without the filter.
     Overhead(kvroute_bench::overhead::OverheadArgs),
+}
+
+/// Runs `fut`, turning Ctrl-C into an error so that every process guard is dropped.
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(fut: F) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        tokio::select! {
+            r = fut => r,
+            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+        }
+    })
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo(a) => block_on(commands::demo(&a)),
+        Command::Matrix(a) => block_on(commands::matrix(&a)),
+        Command::Setup(a) => commands::setup(&a),
         Command::Overhead(args) => kvroute_bench::overhead::run(&args),
     }
 }

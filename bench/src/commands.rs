@@ -1,0 +1,405 @@
+//! The subcommands: `demo` (round robin vs kvroute, short), `matrix` (every workload x
+//! every router) and `setup` (install sglang-router). Each builds traces, runs the
+//! experiments one after another, prints tables and writes JSON + SVG.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::experiment::{run_one, Experiment, RunResult};
+use crate::procs::{SimSettings, Tools};
+use crate::report::{machine, table, write_json, ResultsFile};
+use crate::router_under_test::{ensure_sglang, RouterKind};
+use crate::runner::RunSettings;
+use crate::trace::Trace;
+use crate::workload::{Workload, WorkloadArgs};
+
+/// The repository root this binary was built from.
+pub fn default_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bench/ has a parent")
+        .to_path_buf()
+}
+
+/// Fleet and load-generator flags shared by `demo` and `matrix`.
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct FleetArgs {
+    /// Simulated pods per run.
+    #[arg(long, default_value_t = 4)]
+    pub pods: usize,
+    /// KV-cache blocks per pod (default: 26000, an 80 GB H100; `pressure` sizes it so that
+    /// all groups' prefixes take 2/3 of the fleet, i.e. overflow any single pod).
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// Tokens per KV block (the sim's and the theoretical maximum's granularity).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Max running requests per pod.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Wall seconds per simulated second (compresses the run; latencies are reported in
+    /// simulated time).
+    #[arg(long, default_value_t = 0.25)]
+    pub time_scale: f64,
+    /// Seed of the simulator (answers).
+    #[arg(long, default_value_t = 0)]
+    pub sim_seed: u64,
+    /// Closed loop: concurrent users.
+    #[arg(long, default_value_t = 32)]
+    pub users: usize,
+    /// Open loop instead: sessions started per simulated second (Poisson arrivals).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Envoy worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub envoy_workers: usize,
+    /// Per-request timeout, wall seconds.
+    #[arg(long, default_value_t = 300)]
+    pub request_timeout_s: u64,
+    /// Keep only the first N sessions of each trace (after shuffling): shortens runs.
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
+    /// Repository root (binaries, venv, envoy/render.py).
+    #[arg(long, default_value_os_t = default_root())]
+    pub root: PathBuf,
+    /// Where results (JSON, SVG) are written.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+}
+
+impl FleetArgs {
+    fn experiment(&self, workload: Workload, w: &WorkloadArgs) -> Experiment {
+        let kv_blocks = self.kv_blocks.unwrap_or(match workload {
+            Workload::Pressure => {
+                (w.pressure.prefix_blocks(self.block_size) * 3 / 2).div_ceil(self.pods.max(1))
+            }
+            _ => 26_000,
+        });
+        Experiment {
+            sim: SimSettings {
+                pods: self.pods,
+                kv_blocks,
+                block_size: self.block_size,
+                max_num_seqs: self.max_num_seqs,
+                time_scale: self.time_scale,
+                seed: self.sim_seed,
+            },
+            run: RunSettings {
+                users: self.users,
+                rate: self.rate,
+                time_scale: self.time_scale,
+                block_size: self.block_size,
+                request_timeout: Duration::from_secs(self.request_timeout_s),
+                seed: w.seed,
+            },
+            envoy_workers: self.envoy_workers,
+        }
+    }
+
+    fn out_dir(&self) -> PathBuf {
+        self.out_dir
+            .clone()
+            .unwrap_or_else(|| self.root.join("bench/results"))
+    }
+
+    fn cut(&self, mut t: Trace) -> Trace {
+        if let Some(n) = self.max_sessions {
+            t.sessions.truncate(n);
+        }
+        t
+    }
+}
+
+/// Arguments of `kvroute-bench matrix`.
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct MatrixArgs {
+    /// Workloads to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub workloads: Vec<Workload>,
+    /// Routers to compare (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub routers: Vec<RouterKind>,
+    /// Results file name stem under the output directory.
+    #[arg(long, default_value = "matrix")]
+    pub name: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub fleet: FleetArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub workload: WorkloadArgs,
+}
+
+/// Arguments of `kvroute-bench demo`.
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct DemoArgs {
+    /// Simulated pods.
+    #[arg(long, default_value_t = 4)]
+    pub pods: usize,
+    /// Wall seconds per simulated second.
+    #[arg(long, default_value_t = 0.2)]
+    pub time_scale: f64,
+    /// Concurrent users.
+    #[arg(long, default_value_t = 24)]
+    pub users: usize,
+    /// KV-cache blocks per pod: small enough that round robin must evict.
+    #[arg(long, default_value_t = 3000)]
+    pub kv_blocks: usize,
+    /// Chat groups (distinct system prompts).
+    #[arg(long, default_value_t = 24)]
+    pub groups: usize,
+    /// Conversations per group.
+    #[arg(long, default_value_t = 3)]
+    pub users_per_group: usize,
+    /// Turns per conversation.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// Seed of the trace.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Repository root.
+    #[arg(long, default_value_os_t = default_root())]
+    pub root: PathBuf,
+}
+
+/// Arguments of `kvroute-bench setup`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SetupArgs {
+    /// Repository root.
+    #[arg(long, default_value_os_t = default_root())]
+    pub root: PathBuf,
+}
+
+/// Installs sglang-router into the project venv.
+pub fn setup(a: &SetupArgs) -> Result<()> {
+    let tools = Tools::new(&a.root)?;
+    ensure_sglang(&tools).map_err(anyhow::Error::msg)?;
+    println!("sglang-router is installed in {}", tools.python.display());
+    Ok(())
+}
+
+async fn compare(
+    workload: Workload,
+    trace: &Trace,
+    routers: &[RouterKind],
+    e: &Experiment,
+    tools: &Tools,
+    sglang: &std::result::Result<(), String>,
+) -> Vec<RunResult> {
+    let mut out = Vec::new();
+    println!(
+        "\n== {} : {} sessions, {} requests, ~{}k prompt tokens; {} pods x {} KV blocks, time scale {}",
+        workload.name(),
+        trace.sessions.len(),
+        trace.requests(),
+        trace.approx_prompt_tokens() / 1000,
+        e.sim.pods,
+        e.sim.kv_blocks,
+        e.sim.time_scale
+    );
+    for &r in routers {
+        if let (true, Err(why)) = (r.is_sglang(), sglang) {
+            println!("{}: skipped ({why})", r.name());
+            out.push(RunResult::skipped(
+                workload.name(),
+                r,
+                e.sim.pods,
+                why.clone(),
+            ));
+            continue;
+        }
+        match run_one(r, trace, e, tools, workload.name()).await {
+            Ok(res) => out.push(res),
+            Err(err) => {
+                let why = format!("{err:#}");
+                eprintln!("{} on {}: failed: {why}", r.name(), workload.name());
+                out.push(RunResult::skipped(
+                    workload.name(),
+                    r,
+                    e.sim.pods,
+                    format!("failed: {why}"),
+                ));
+            }
+        }
+    }
+    println!("{}", table(&out));
+    out
+}
+
+/// Settings recorded in the results file.
+#[derive(Debug, Serialize)]
+struct Settings<'a, W: Serialize> {
+    args: &'a W,
+    kv_blocks_per_workload: Vec<(String, usize)>,
+    sglang_router: String,
+}
+
+/// `kvroute-bench matrix`.
+pub async fn matrix(a: &MatrixArgs) -> Result<()> {
+    let tools = Tools::new(&a.fleet.root)?;
+    let workloads = if a.workloads.is_empty() {
+        Workload::ALL.to_vec()
+    } else {
+        a.workloads.clone()
+    };
+    let routers = if a.routers.is_empty() {
+        RouterKind::ALL.to_vec()
+    } else {
+        a.routers.clone()
+    };
+    let sglang = if routers.iter().any(|r| r.is_sglang()) {
+        ensure_sglang(&tools)
+    } else {
+        Ok(())
+    };
+    let out_dir = a.fleet.out_dir();
+    let t0 = Instant::now();
+    let mut all = Vec::new();
+    let mut kv = Vec::new();
+    for w in workloads {
+        let trace = a.fleet.cut(a.workload.trace(w));
+        let e = a.fleet.experiment(w, &a.workload);
+        kv.push((w.name().to_string(), e.sim.kv_blocks));
+        let results = compare(w, &trace, &routers, &e, &tools, &sglang).await;
+        let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
+        std::fs::create_dir_all(&out_dir)?;
+        let title = format!(
+            "{}: {} pods, {} requests (kvroute-bench matrix)",
+            w.name(),
+            e.sim.pods,
+            trace.requests()
+        );
+        if let Err(err) = crate::plot::plot(&svg, &title, &results) {
+            eprintln!("plot {}: {err:#}", svg.display());
+        }
+        all.extend(results);
+        let file = ResultsFile {
+            command: "matrix",
+            argv: std::env::args().collect(),
+            finished_unix: unix_now(),
+            machine: machine(),
+            settings: Settings {
+                args: a,
+                kv_blocks_per_workload: kv.clone(),
+                sglang_router: sglang_note(&sglang),
+            },
+            results: &all,
+        };
+        // Written after every workload, so a long matrix cut short keeps what it measured.
+        write_json(&out_dir.join(format!("{}.json", a.name)), &file)?;
+    }
+    println!(
+        "\nmatrix done in {:.0} s: {} and {}-<workload>.svg",
+        t0.elapsed().as_secs_f64(),
+        out_dir.join(format!("{}.json", a.name)).display(),
+        out_dir.join(&a.name).display()
+    );
+    Ok(())
+}
+
+fn sglang_note(s: &std::result::Result<(), String>) -> String {
+    match s {
+        Ok(()) => format!(
+            "sglang-router=={}",
+            crate::router_under_test::SGLANG_ROUTER_VERSION
+        ),
+        Err(e) => format!("unavailable: {e}"),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `kvroute-bench demo`: round robin vs kvroute on a short multi-turn chat.
+pub async fn demo(a: &DemoArgs) -> Result<()> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        w: WorkloadArgs,
+        #[command(flatten)]
+        f: FleetArgs,
+    }
+    let Defaults { mut w, mut f } = Defaults::parse_from(["demo"]);
+    w.seed = a.seed;
+    w.chat.chat_groups = a.groups;
+    w.chat.chat_users_per_group = a.users_per_group;
+    w.chat.chat_turns = a.turns;
+    f.pods = a.pods;
+    f.time_scale = a.time_scale;
+    f.users = a.users;
+    f.kv_blocks = Some(a.kv_blocks);
+    f.root = a.root.clone();
+    let tools = Tools::new(&a.root)?;
+    let trace = w.trace(Workload::Chat);
+    let e = f.experiment(Workload::Chat, &w);
+    let t0 = Instant::now();
+    println!(
+        "kvroute demo: multi-turn chat through Envoy round robin, then through kvroute in Envoy."
+    );
+    println!(
+        "{} groups x {} users x {} turns, {}-token system prompts; {} simulated pods (fresh for each router) \
+         with {} KV blocks each; time scale {} (latencies in simulated ms).",
+        a.groups, a.users_per_group, a.turns, w.chat.chat_system_tokens, a.pods, a.kv_blocks, a.time_scale
+    );
+    let routers = [RouterKind::EnvoyRoundRobin, RouterKind::Kvroute];
+    let results = compare(Workload::Chat, &trace, &routers, &e, &tools, &Ok(())).await;
+    let out_dir = f.out_dir();
+    std::fs::create_dir_all(&out_dir)?;
+    let svg = out_dir.join("demo.svg");
+    crate::plot::plot(
+        &svg,
+        "demo: multi-turn chat, round robin vs kvroute",
+        &results,
+    )?;
+    let file = ResultsFile {
+        command: "demo",
+        argv: std::env::args().collect(),
+        finished_unix: unix_now(),
+        machine: machine(),
+        settings: Settings {
+            args: a,
+            kv_blocks_per_workload: vec![("chat".into(), a.kv_blocks)],
+            sglang_router: "not used".into(),
+        },
+        results: &results,
+    };
+    let json = out_dir.join("demo.json");
+    write_json(&json, &file)?;
+    if let [rr, kv] = &results[..] {
+        if rr.skipped.is_none() && kv.skipped.is_none() {
+            println!(
+                "kvroute: hit rate {:.1}% vs {:.1}% for round robin ({:.0}% / {:.0}% of the theoretical max {:.1}%); \
+                 TTFT p50 {:.0} ms vs {:.0} ms ({:.1}x lower).",
+                kv.hit_rate * 100.0,
+                rr.hit_rate * 100.0,
+                kv.fraction_of_max * 100.0,
+                rr.fraction_of_max * 100.0,
+                kv.theoretical_max * 100.0,
+                kv.ttft_ms.p50,
+                rr.ttft_ms.p50,
+                rr.ttft_ms.p50 / kv.ttft_ms.p50.max(1e-9)
+            );
+        }
+    }
+    println!(
+        "plot: {}\nresults: {}\ndemo took {:.0} s",
+        svg.display(),
+        json.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    if results.iter().any(|r| r.skipped.is_some()) {
+        anyhow::bail!(
+            "a router failed to run; see the logs under {}",
+            tools.logs.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! One experiment: fresh pods, one router, one trace, everything measured.
+//!
+//! Every router gets its own freshly started simulator (cold caches, same seed), so
+//! the runs of a comparison differ only by the router.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::measure::{cdf, imbalance, LatencyRecorder, Percentiles};
+use crate::pod_metrics::{read_counters, PodCounters, QueuePoller};
+use crate::procs::{start_sim, SimSettings, Tools};
+use crate::router_under_test::{start, RouterKind};
+use crate::runner::{run, RunSettings};
+use crate::theory::{theoretical_max, RequestBlocks};
+use crate::trace::Trace;
+
+/// Everything measured for one router on one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// Workload name.
+    pub workload: String,
+    /// Router name.
+    pub router: String,
+    /// Why the router was not measured (e.g. sglang-router unavailable).
+    pub skipped: Option<String>,
+    /// Number of pods.
+    pub pods: usize,
+    /// Requests attempted.
+    pub requests: usize,
+    /// Failed requests.
+    pub errors: usize,
+    /// The first error message.
+    pub first_error: Option<String>,
+    /// Prefix-cache hit rate from the pods' counters (hit tokens / query tokens).
+    pub hit_rate: f64,
+    /// Theoretical maximum hit rate of the executed trace (unlimited cache).
+    pub theoretical_max: f64,
+    /// `hit_rate / theoretical_max`.
+    pub fraction_of_max: f64,
+    /// Time to first token, simulated ms.
+    pub ttft_ms: Percentiles,
+    /// End-to-end latency, simulated ms.
+    pub e2e_ms: Percentiles,
+    /// Requests per simulated second.
+    pub req_per_s: f64,
+    /// Output tokens per simulated second.
+    pub output_tokens_per_s: f64,
+    /// Wall-clock duration of the load phase, seconds.
+    pub wall_s: f64,
+    /// Requests served per pod.
+    pub per_pod_requests: Vec<u64>,
+    /// max / mean of `per_pod_requests`.
+    pub imbalance: f64,
+    /// Peak `num_requests_waiting` per pod (polled every 100 ms wall).
+    pub peak_queue: Vec<u64>,
+    /// Raw per-pod counters.
+    pub pod_counters: Vec<PodCounters>,
+    /// kvroute's decision counters (`kvroute.decision.*`), for kvroute variants.
+    pub router_stats: BTreeMap<String, u64>,
+    /// TTFT CDF (ms, fraction), downsampled, for the plot.
+    pub ttft_cdf: Vec<(f64, f64)>,
+}
+
+impl RunResult {
+    /// A placeholder for a router that could not run.
+    pub fn skipped(workload: &str, router: RouterKind, pods: usize, why: String) -> Self {
+        RunResult {
+            workload: workload.into(),
+            router: router.name().into(),
+            skipped: Some(why),
+            pods,
+            requests: 0,
+            errors: 0,
+            first_error: None,
+            hit_rate: 0.0,
+            theoretical_max: 0.0,
+            fraction_of_max: 0.0,
+            ttft_ms: Percentiles::default(),
+            e2e_ms: Percentiles::default(),
+            req_per_s: 0.0,
+            output_tokens_per_s: 0.0,
+            wall_s: 0.0,
+            per_pod_requests: Vec::new(),
+            imbalance: 0.0,
+            peak_queue: Vec::new(),
+            pod_counters: Vec::new(),
+            router_stats: BTreeMap::new(),
+            ttft_cdf: Vec::new(),
+        }
+    }
+}
+
+/// Settings shared by every experiment of a comparison.
+#[derive(Debug, Clone)]
+pub struct Experiment {
+    /// The simulated fleet.
+    pub sim: SimSettings,
+    /// How the trace is replayed.
+    pub run: RunSettings,
+    /// Envoy worker threads.
+    pub envoy_workers: usize,
+}
+
+async fn kvroute_stats(admin: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(resp) = reqwest::get(format!("{admin}/stats?filter=kvroute")).await else {
+        return out;
+    };
+    let Ok(text) = resp.text().await else {
+        return out;
+    };
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(": ") else {
+            continue;
+        };
+        let k = k
+            .trim_start_matches("wasmcustom.")
+            .trim_start_matches("kvroute.");
+        if k.starts_with("decision.")
+            || ["requests", "routed", "parsed", "log_lost", "body_too_large"].contains(&k)
+        {
+            if let Ok(v) = v.trim().parse() {
+                out.insert(k.to_string(), v);
+            }
+        }
+    }
+    out
+}
+
+/// Runs `trace` through `router` against freshly started pods.
+pub async fn run_one(
+    router: RouterKind,
+    trace: &Trace,
+    e: &Experiment,
+    tools: &Tools,
+    label: &str,
+) -> Result<RunResult> {
+    let sim = start_sim(&tools.sim, &e.sim, &tools.logs)?;
+    let rut = start(router, &sim.pods, tools, e.envoy_workers).await?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .build()?;
+    let poller = QueuePoller::start(client.clone(), sim.pods.clone(), Duration::from_millis(100));
+    let pb = ProgressBar::new(trace.requests() as u64);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>32} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} req ({eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_prefix(format!("{label} {}", router.name()));
+    let t0 = Instant::now();
+    let exchanges = run(&rut.url, trace, &e.run, &pb).await?;
+    let wall = t0.elapsed();
+    pb.finish();
+    let peak_queue = poller.finish().await;
+    // The sim updates counters at admission; give the last responses a moment to settle.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let counters = read_counters(&client, &sim.pods).await?;
+    let router_stats = match &rut.admin {
+        Some(a) if router.kvroute_config().is_some() => kvroute_stats(a).await,
+        _ => BTreeMap::new(),
+    };
+    drop(rut);
+    drop(sim);
+
+    let blocks: Vec<RequestBlocks> = exchanges.iter().map(|x| x.blocks.clone()).collect();
+    let theory = theoretical_max(&blocks, e.sim.block_size);
+    let hits: u64 = counters.iter().map(|c| c.hit_tokens).sum();
+    let queries: u64 = counters.iter().map(|c| c.query_tokens).sum();
+    let hit_rate = if queries == 0 {
+        0.0
+    } else {
+        hits as f64 / queries as f64
+    };
+    let mut ttft = LatencyRecorder::new();
+    let mut e2e = LatencyRecorder::new();
+    let mut ttft_samples = Vec::new();
+    let mut out_tokens = 0u64;
+    for x in exchanges.iter().filter(|x| x.error.is_none()) {
+        if let Some(t) = x.ttft_ms {
+            ttft.record_ms(t);
+            ttft_samples.push(t);
+        }
+        e2e.record_ms(x.e2e_ms);
+        out_tokens += x.output_tokens;
+    }
+    let errors = exchanges.iter().filter(|x| x.error.is_some()).count();
+    let sim_s = wall.as_secs_f64() / e.sim.time_scale;
+    let per_pod: Vec<u64> = counters.iter().map(|c| c.requests).collect();
+    let theoretical = theory.rate();
+    Ok(RunResult {
+        workload: trace.name.clone(),
+        router: router.name().into(),
+        skipped: None,
+        pods: e.sim.pods,
+        requests: trace.requests(),
+        errors: errors + trace.requests().saturating_sub(exchanges.len()),
+        first_error: exchanges.iter().find_map(|x| x.error.clone()),
+        hit_rate,
+        theoretical_max: theoretical,
+        fraction_of_max: if theoretical > 0.0 {
+            hit_rate / theoretical
+        } else {
+            0.0
+        },
+        ttft_ms: ttft.percentiles(),
+        e2e_ms: e2e.percentiles(),
+        req_per_s: (exchanges.len() - errors) as f64 / sim_s,
+        output_tokens_per_s: out_tokens as f64 / sim_s,
+        wall_s: wall.as_secs_f64(),
+        imbalance: imbalance(&per_pod),
+        per_pod_requests: per_pod,
+        peak_queue,
+        pod_counters: counters,
+        router_stats,
+        ttft_cdf: cdf(&ttft_samples, 200),
+    })
+}

@@ -1,0 +1,72 @@
+//! The trace a workload generates: sessions of steps, fixed by the seed before the run.
+//!
+//! A session is one user's conversation (or agent loop, or question on a document):
+//! a shared prefix (system prompt, document) and steps, each appending text to the
+//! history. The server's answers are appended between steps at run time, so the prompt
+//! of step k is `prefix + append[0] + answer[0] + ... + append[k]`. Everything except the
+//! answers is decided here, deterministically from the seed.
+
+use std::sync::Arc;
+
+/// One request of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Text appended to the history before this request (question, tool output).
+    pub append: String,
+    /// `max_tokens` of the request (the sim always generates exactly this many).
+    pub max_tokens: u32,
+    /// Think time before this step, in simulated milliseconds (scaled at run time).
+    pub think_ms: u64,
+}
+
+/// A sequence of dependent requests sharing a growing prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Index in the trace.
+    pub id: usize,
+    /// The prefix group (system prompt or document) this session shares.
+    pub group: usize,
+    /// Shared leading text (several sessions hold the same `Arc`).
+    pub prefix: Arc<str>,
+    /// The requests, in order.
+    pub steps: Vec<Step>,
+}
+
+/// A whole workload: the sessions, in the order users pick them up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    /// Workload name.
+    pub name: String,
+    /// Sessions in start order.
+    pub sessions: Vec<Session>,
+}
+
+impl Trace {
+    /// Number of requests in the trace.
+    pub fn requests(&self) -> usize {
+        self.sessions.iter().map(|s| s.steps.len()).sum()
+    }
+
+    /// Total prompt bytes sent if answers were empty (a size estimate for logs).
+    pub fn approx_prompt_tokens(&self) -> usize {
+        let mut total = 0;
+        for s in &self.sessions {
+            let mut len = s.prefix.len();
+            for st in &s.steps {
+                len += st.append.len() + st.max_tokens as usize * 4;
+                total += len / 4;
+            }
+        }
+        total
+    }
+
+    /// Interleaves sessions deterministically (Fisher-Yates with the given seed),
+    /// so that groups mix in the arrival order as they would in production.
+    pub fn shuffle(&mut self, seed: u64) {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        rng.shuffle(&mut self.sessions);
+        for (i, s) in self.sessions.iter_mut().enumerate() {
+            s.id = i;
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The workloads: each turns its command-line parameters and a seed into a [`Trace`].
+//!
+//! One file per workload shape; this module names them and holds their shared
+//! parameters so that `matrix`, `run` and `demo` all build traces the same way.
+
+pub mod agentic;
+pub mod chat;
+pub mod hotspot;
+pub mod longqa;
+pub mod noreuse;
+pub mod pressure;
+
+use serde::Serialize;
+
+use crate::trace::Trace;
+
+/// The workload shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Multi-turn chat: groups share a system prompt, each turn resends the history.
+    Chat,
+    /// Agent loop: the context grows by a tool output at each step.
+    Agentic,
+    /// Long-context QA: a few 20k-100k-token documents, many questions each.
+    LongQa,
+    /// Hot spot: multi-turn chat where one group is ten times more popular.
+    Hotspot,
+    /// No reuse: unique prompts (control; no router can hit).
+    NoReuse,
+    /// Cache pressure (headline): llm-d's benchmark shape, prefixes overflow one pod.
+    Pressure,
+}
+
+impl Workload {
+    /// Every workload, in report order.
+    pub const ALL: [Workload; 6] = [
+        Workload::Pressure,
+        Workload::Chat,
+        Workload::Agentic,
+        Workload::LongQa,
+        Workload::Hotspot,
+        Workload::NoReuse,
+    ];
+
+    /// The kebab-case name used on the command line and in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Chat => "chat",
+            Workload::Agentic => "agentic",
+            Workload::LongQa => "long-qa",
+            Workload::Hotspot => "hotspot",
+            Workload::NoReuse => "no-reuse",
+            Workload::Pressure => "pressure",
+        }
+    }
+}
+
+/// Parameters of every workload (each workload reads its own group).
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct WorkloadArgs {
+    /// Seed of the trace (system prompts, questions, order, think times).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub chat: chat::ChatArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub agentic: agentic::AgenticArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub long_qa: longqa::LongQaArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub hotspot: hotspot::HotspotArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub no_reuse: noreuse::NoReuseArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub pressure: pressure::PressureArgs,
+}
+
+impl WorkloadArgs {
+    /// Builds the trace of `workload` (deterministic in `self.seed` and the parameters).
+    pub fn trace(&self, workload: Workload) -> Trace {
+        let mut t = match workload {
+            Workload::Chat => chat::generate(&self.chat, self.seed),
+            Workload::Agentic => agentic::generate(&self.agentic, self.seed),
+            Workload::LongQa => longqa::generate(&self.long_qa, self.seed),
+            Workload::Hotspot => hotspot::generate(&self.hotspot, &self.chat, self.seed),
+            Workload::NoReuse => noreuse::generate(&self.no_reuse, self.seed),
+            Workload::Pressure => pressure::generate(&self.pressure, self.seed),
+        };
+        t.shuffle(crate::text::derive_seed(self.seed, 0x5_4FF1E, 0));
+        t
+    }
+}
+
+/// Think time in simulated ms drawn uniformly in `[mean/2, 3*mean/2]`.
+pub(crate) fn think(rng: &mut fastrand::Rng, mean_ms: u64) -> u64 {
+    if mean_ms == 0 {
+        0
+    } else {
+        rng.u64(mean_ms / 2..=mean_ms + mean_ms / 2)
+    }
+}
