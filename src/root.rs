@@ -9,7 +9,7 @@ use crate::vm_state::VmState;
 use kvroute_core::config::Config;
 use kvroute_core::discovery::cluster_members;
 use kvroute_core::endpoint::Endpoint;
-use kvroute_core::metrics::read_snapshot;
+use kvroute_core::metrics::scrape::{classify, ScrapeOutcome};
 use log::{error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -150,30 +150,22 @@ impl KvRouteRoot {
             return;
         };
         let now = now_ms(self);
-        let ok = self.get_http_call_response_header(":status").as_deref() == Some("200");
-        let snapshot = if ok {
-            let body = self
-                .get_http_call_response_body(0, body_size)
-                .unwrap_or_default();
-            let text = String::from_utf8_lossy(&body);
-            read_snapshot(&text, &state.borrow().config().metrics).ok()
-        } else {
-            None
-        };
+        let status = self
+            .get_http_call_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        let body = self
+            .get_http_call_response_body(0, body_size)
+            .unwrap_or_default();
+        let outcome = classify(status, &body, &state.borrow().config().metrics);
         let mut state = state.borrow_mut();
         let pool = state.router.pool().to_vec();
         let threshold = state.config().metrics.unhealthy_after_failures;
         let states = state.store.update_endpoint_states(|t| {
             t.retain(&pool);
-            match snapshot {
-                Some(s) => t.succeed(endpoint, s, now),
-                None => {
-                    t.fail(endpoint);
-                }
-            }
+            t.record(endpoint, outcome, now);
         });
         let current = states.get(endpoint);
-        if snapshot.is_some() {
+        if matches!(outcome, ScrapeOutcome::Snapshot(_)) {
             state.stats.inc(Counter::ScrapeSuccess);
         } else {
             state.stats.inc(Counter::ScrapeFailure);

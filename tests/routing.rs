@@ -234,3 +234,32 @@ fn f_cold_burst_within_one_interval_spreads_over_all_pods() {
         "burst herded: {per_pod:?}"
     );
 }
+
+#[test]
+fn g_pod_with_unreadable_metrics_stays_a_candidate() {
+    // Reachable but unreadable /metrics (junk, or a 404 from a wrong path)
+    // costs a pod its load figures (neutral load scores), not its place in
+    // the candidate set.
+    let sim = Sim::start(2, &["--time-scale", "0.01"]);
+    sim.fault(1, json!({"metrics_garbage": true}));
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({"debug_header": "x-kvroute-debug"}),
+        1,
+    );
+    std::thread::sleep(Duration::from_millis(600)); // many scrapes
+    let body = json!({"model": MODEL, "max_tokens": 2, "prompt": "m".repeat(600)});
+    let r = post_json(&envoy.url("/v1/completions"), &body);
+    assert_eq!(r.status, 200);
+    let dbg = r.header("x-kvroute-debug").unwrap();
+    assert!(
+        dbg.contains(&format!("{}=", sim.endpoint(1))),
+        "pod 1 not scored: {dbg}"
+    );
+    let label = sim.endpoint(1).replace(['.', ':'], "_");
+    assert_eq!(
+        envoy.stat(&format!("wasmcustom.kvroute.endpoint.{label}.healthy")),
+        1.0
+    );
+    assert!(envoy.stat("wasmcustom.kvroute.scrape.failure") >= 5.0);
+}

@@ -3,6 +3,7 @@
 //! and how many scrapes in a row have failed (the health signal).
 
 use crate::endpoint::Endpoint;
+use crate::metrics::scrape::ScrapeOutcome;
 use crate::metrics::MetricsSnapshot;
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +54,23 @@ impl EndpointStates {
         s.snapshot = Some(snapshot);
         s.scraped_at_ms = now_ms;
         s.failures = 0;
+    }
+
+    /// Records a scrape the endpoint answered without readable metrics: it
+    /// is reachable (the failure streak ends) but its snapshot is not renewed.
+    pub fn reachable(&mut self, endpoint: Endpoint) {
+        self.entry(endpoint).failures = 0;
+    }
+
+    /// Records one scrape's outcome.
+    pub fn record(&mut self, endpoint: Endpoint, outcome: ScrapeOutcome, now_ms: u64) {
+        match outcome {
+            ScrapeOutcome::Snapshot(s) => self.succeed(endpoint, s, now_ms),
+            ScrapeOutcome::Unreadable => self.reachable(endpoint),
+            ScrapeOutcome::Unreachable => {
+                self.fail(endpoint);
+            }
+        }
     }
 
     /// Records a failed scrape; returns the failure streak.
@@ -121,6 +139,25 @@ mod tests {
         // never scraped: healthy, no snapshot
         assert!(t.get(ep("10.0.0.2:8000")).healthy(3));
         assert_eq!(t.get(ep("10.0.0.2:8000")).snapshot, None);
+    }
+
+    #[test]
+    fn unreadable_scrapes_keep_an_endpoint_healthy_but_stale() {
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:8000");
+        t.record(
+            a,
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default()),
+            1_000,
+        );
+        for _ in 0..5 {
+            t.record(a, ScrapeOutcome::Unreachable, 1_050);
+        }
+        assert!(!t.get(a).healthy(3));
+        t.record(a, ScrapeOutcome::Unreadable, 1_100);
+        assert!(t.get(a).healthy(3));
+        assert_eq!(t.get(a).scraped_at_ms, 1_000);
+        assert_eq!(t.get(a).fresh(3_500, 2_000), None);
     }
 
     #[test]

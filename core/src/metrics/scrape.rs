@@ -1,0 +1,72 @@
+//! What one `/metrics` scrape says about an endpoint. Health is about
+//! reachability, load is about the text: an endpoint that answers but whose
+//! metrics cannot be read (a 404 from a wrong `metrics.path`, an exporter
+//! returning junk) is still up and keeps serving; it only loses its load
+//! figures (its snapshot goes stale and the load scorers treat it as
+//! unknown). Only no answer, a timeout, or a 5xx (which is also what Envoy
+//! answers itself when it cannot connect) counts toward
+//! `metrics.unhealthy_after_failures`.
+
+use super::{read_snapshot, MetricsSnapshot};
+use crate::config::MetricsConfig;
+
+/// The meaning of one scrape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ScrapeOutcome {
+    /// Load figures read.
+    Snapshot(MetricsSnapshot),
+    /// The endpoint answered, but not with readable metrics.
+    Unreadable,
+    /// No answer, a timeout, or a server error.
+    Unreachable,
+}
+
+/// Classifies a scrape from its HTTP status (`None`: no response at all)
+/// and body.
+pub fn classify(status: Option<u16>, body: &[u8], cfg: &MetricsConfig) -> ScrapeOutcome {
+    match status {
+        Some(200) => match std::str::from_utf8(body) {
+            Ok(text) => read_snapshot(text, cfg)
+                .map(ScrapeOutcome::Snapshot)
+                .unwrap_or(ScrapeOutcome::Unreadable),
+            Err(_) => ScrapeOutcome::Unreadable,
+        },
+        Some(s) if (100..500).contains(&s) => ScrapeOutcome::Unreadable,
+        _ => ScrapeOutcome::Unreachable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn classify_table() {
+        let cfg = MetricsConfig::default();
+        let good = b"vllm:num_requests_waiting{model_name=\"m\"} 2.0\nvllm:num_requests_running{model_name=\"m\"} 1.0\n";
+        let cases: [(Option<u16>, &[u8], &str); 9] = [
+            (Some(200), good, "snapshot"),
+            (Some(200), b"<html>oops</html>", "unreadable"),
+            (Some(200), &[0xff, 0xfe], "unreadable"),
+            (Some(200), b"", "unreadable"),
+            (Some(404), b"not found", "unreadable"),
+            (Some(301), b"", "unreadable"),
+            (Some(503), b"upstream connect error", "unreachable"),
+            (Some(0), b"", "unreachable"),
+            (None, b"", "unreachable"),
+        ];
+        for (status, body, want) in cases {
+            let got = match classify(status, body, &cfg) {
+                ScrapeOutcome::Snapshot(s) => {
+                    assert_eq!((s.waiting, s.running), (2.0, 1.0));
+                    "snapshot"
+                }
+                ScrapeOutcome::Unreadable => "unreadable",
+                ScrapeOutcome::Unreachable => "unreachable",
+            };
+            assert_eq!(got, want, "{status:?}");
+        }
+    }
+}
