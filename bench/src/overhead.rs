@@ -17,7 +17,10 @@
 //! 3. **memory**: a fresh Envoy per pass, `--rss-requests` requests with
 //!    unique prefixes, Envoy's `VmRSS` sampled along the way; passes:
 //!    baseline, kvroute with defaults, kvroute with a small
-//!    `prefix.capacity_blocks` (to show the plateau follows the bound).
+//!    `prefix.capacity_blocks` (to show the plateau follows the bound);
+//! 4. **phase breakdown**: the baseline and kvroute variants that skip
+//!    work (hash only one block; do not buffer at all) side by side, so the
+//!    differences show where the added latency goes.
 //!
 //! Output: a table on stdout and JSON in `bench/results/overhead-<date>.json`.
 
@@ -82,9 +85,36 @@ pub struct OverheadArgs {
     /// `prefix.capacity_blocks` of the small-bound memory pass (0 skips it).
     #[arg(long, default_value_t = 512)]
     pub rss_small_capacity: usize,
+    /// Body sizes of the phase breakdown (empty skips it): latency of
+    /// kvroute variants that skip work, to see where the added time goes.
+    #[arg(long, value_delimiter = ',', default_value = "16384,524288")]
+    pub breakdown_sizes: Vec<usize>,
+    /// Measured rounds per size of the phase breakdown.
+    #[arg(long, default_value_t = 1000)]
+    pub breakdown_rounds: usize,
+    /// Phases to run (comma-separated): latency, throughput, memory, breakdown.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "latency,throughput,memory,breakdown"
+    )]
+    pub phases: Vec<Phase>,
     /// Where the JSON goes (default: `<root>/bench/results`).
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+}
+
+/// A part of the overhead benchmark (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    /// Paired sequential added latency per body size.
+    Latency,
+    /// Requests/s and CPU per request at fixed concurrency.
+    Throughput,
+    /// Envoy RSS over many unique prefixes.
+    Memory,
+    /// Latency of kvroute variants that skip work.
+    Breakdown,
 }
 
 /// Bytes per indexed block at most (`core/src/prefix/index.rs`: 24-byte node
@@ -143,6 +173,7 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
         "latency": results.latency,
         "throughput": results.throughput,
         "memory": results.memory,
+        "phase_breakdown": results.breakdown,
         "kvroute_counters": results.counters,
         "goals": results.goals,
     });
@@ -191,7 +222,7 @@ impl Ports {
     }
     fn all(self) -> Vec<u16> {
         let mut v = vec![self.pod(0), self.pod(1)];
-        for i in 0..5 {
+        for i in 0..9 {
             let (l, a) = self.envoy(i);
             v.extend([l, a]);
         }
@@ -200,6 +231,7 @@ impl Ports {
 }
 
 struct Results {
+    breakdown: Value,
     latency: Value,
     throughput: Value,
     memory: Value,
@@ -259,7 +291,12 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
     let urls = [url(rr_spec.listen), url(kv_spec.listen)];
 
     let mut latency = Vec::new();
-    for &size in &args.sizes {
+    let sizes = if args.phases.contains(&Phase::Latency) {
+        &args.sizes[..]
+    } else {
+        &[]
+    };
+    for &size in sizes {
         eprintln!(
             "overhead: latency, {} byte bodies, {} pairs",
             size, args.latency_rounds
@@ -278,7 +315,12 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
 
     let ticks = procs::clock_ticks();
     let mut throughput = Vec::new();
-    for &size in &args.load_sizes {
+    let load_sizes = if args.phases.contains(&Phase::Throughput) {
+        &args.load_sizes[..]
+    } else {
+        &[]
+    };
+    for &size in load_sizes {
         for (name, envoy, url) in [("round_robin", &rr, &urls[0]), ("kvroute", &kv, &urls[1])] {
             eprintln!(
                 "overhead: throughput, {name}, {size} byte bodies, {} connections, {} s",
@@ -335,7 +377,7 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
 
     // Phase 3: memory, one fresh Envoy per pass.
     let mut memory = Vec::new();
-    if args.rss_requests > 0 {
+    if args.rss_requests > 0 && args.phases.contains(&Phase::Memory) {
         let engine_capacity = engine_index_capacity(endpoints[0])?;
         let mut passes = vec![
             (
@@ -379,6 +421,11 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
             drop(pass.1);
         }
     }
+    let breakdown = if args.breakdown_sizes.is_empty() || !args.phases.contains(&Phase::Breakdown) {
+        Value::Null
+    } else {
+        breakdown(args, tools, ports, &endpoints, &client, &bodies).await?
+    };
     drop(sim);
     let goals = goals(&latency, &memory);
     Ok(Results {
@@ -386,8 +433,96 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
         throughput: Value::Array(throughput),
         memory: Value::Array(memory),
         counters: Value::Object(counters),
+        breakdown,
         goals,
     })
+}
+
+/// The kvroute variants of the phase breakdown: each skips one more part of
+/// the per-request work, so adjacent differences are the cost of that part.
+fn breakdown_variants() -> [(&'static str, &'static str, Value); 3] {
+    [
+        (
+            "kvroute",
+            "everything: buffer, copy into wasm, parse, hash, decide, learn, decision log",
+            json!({}),
+        ),
+        (
+            "kvroute-hash-1-block",
+            "prefix.max_prompt_tokens 64: body still buffered, copied and parsed as JSON, but 1 block hashed, learned and logged",
+            json!({"prefix": {"max_prompt_tokens": 64}}),
+        ),
+        (
+            "kvroute-no-buffer",
+            "max_body_bytes 1024: the first body chunk is over the limit, so the request is routed by load at once and streams (no buffering, no parse)",
+            json!({"max_body_bytes": 1024}),
+        ),
+    ]
+}
+
+/// Phase breakdown: the baseline and every [`breakdown_variants`] Envoy side
+/// by side, paired sequential latency at each `--breakdown-sizes`.
+async fn breakdown(
+    args: &OverheadArgs,
+    tools: &Tools,
+    ports: Ports,
+    endpoints: &[SocketAddr],
+    client: &reqwest::Client,
+    bodies: &Bodies,
+) -> Result<Value> {
+    let mut envoys = Vec::new();
+    let mut names = vec!["round_robin".to_owned()];
+    let mut urls = Vec::new();
+    let rr = spec(
+        "round_robin-bd",
+        "round_robin",
+        None,
+        ports.envoy(5),
+        args.workers,
+    );
+    envoys.push(procs::start_envoy(tools, &rr, endpoints)?);
+    urls.push(url(rr.listen));
+    let mut variants = Vec::new();
+    for (i, (name, what, plugin)) in breakdown_variants().into_iter().enumerate() {
+        let s = spec(
+            &format!("{name}-bd"),
+            "kvroute",
+            Some(plugin.clone()),
+            ports.envoy(6 + i as u16),
+            args.workers,
+        );
+        envoys.push(procs::start_envoy(tools, &s, endpoints)?);
+        urls.push(url(s.listen));
+        names.push(name.to_owned());
+        variants.push(json!({"name": name, "what": what, "plugin_config": plugin}));
+    }
+    let mut rows = Vec::new();
+    for &size in &args.breakdown_sizes {
+        eprintln!(
+            "overhead: phase breakdown, {size} byte bodies, {} rounds x {} Envoys",
+            args.breakdown_rounds,
+            urls.len()
+        );
+        let hists = load::paired_latency(
+            client,
+            &urls,
+            bodies,
+            size,
+            args.warmup_rounds,
+            args.breakdown_rounds,
+        )
+        .await?;
+        let base = us(&hists[0], 50.0);
+        let mut p50 = serde_json::Map::new();
+        let mut added = serde_json::Map::new();
+        for (name, h) in names.iter().zip(&hists) {
+            p50.insert(name.clone(), json!(us(h, 50.0)));
+            added.insert(name.clone(), json!(round(us(h, 50.0) - base, 1)));
+        }
+        rows.push(json!({"body_bytes": size, "p50_us": p50, "added_p50_us": added}));
+    }
+    drop(envoys);
+    Ok(json!({"variants": variants, "rows": rows}))
 }
 
 /// One memory pass: a fresh Envoy, RSS when ready, after a warm-up, and
@@ -624,6 +759,29 @@ fn print_tables(report: &Value) {
         ]);
     }
     println!("Envoy RSS over requests with unique prefixes\n{t}");
+    if let Some(rows) = report["phase_breakdown"]["rows"].as_array() {
+        let names: Vec<String> = report["phase_breakdown"]["variants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["name"].as_str().map(str::to_owned))
+            .collect();
+        let mut t = Table::new();
+        let mut header = vec!["body".to_owned(), "round_robin p50 us".to_owned()];
+        header.extend(names.iter().map(|n| format!("{n} added p50")));
+        t.load_preset(UTF8_FULL_CONDENSED).set_header(header);
+        for r in rows {
+            let mut row = vec![
+                size_label(r["body_bytes"].as_u64().unwrap_or(0)),
+                r["p50_us"]["round_robin"].to_string(),
+            ];
+            row.extend(names.iter().map(|n| r["added_p50_us"][n].to_string()));
+            t.add_row(row);
+        }
+        println!(
+            "Phase breakdown (kvroute variants that skip work; the JSON says what each skips)\n{t}"
+        );
+    }
     println!(
         "goals: {}",
         serde_json::to_string_pretty(&report["goals"]).unwrap_or_default()

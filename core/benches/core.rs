@@ -190,6 +190,20 @@ fn bench_index(c: &mut Criterion) {
     g.bench_function("record/64_resident_blocks", |b| {
         b.iter(|| index.record(endpoint(5), black_box(&touch)))
     });
+    // A 512 KiB prompt (2048 blocks) into a proxy-sized index: 2 endpoints
+    // at the capacity kvroute follows for a default kvroute-sim pod (6500).
+    let mut small = PrefixIndex::new(6500);
+    for e in 0..2 {
+        small.record(endpoint(e), &conversation(&mut rng, 6500));
+    }
+    g.throughput(Throughput::Elements(2048));
+    g.bench_function("record/2048_new_blocks_capacity_6500", |b| {
+        b.iter_batched(
+            || conversation(&mut rng, 2048),
+            |blocks| small.record(endpoint(1), &blocks),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     g.finish();
 }
 
