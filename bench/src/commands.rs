@@ -30,8 +30,8 @@ pub struct FleetArgs {
     /// Simulated pods per run.
     #[arg(long, default_value_t = 4)]
     pub pods: usize,
-    /// KV-cache blocks per pod (default: 26000, an 80 GB H100; `pressure` sizes it so that
-    /// all groups' prefixes take 2/3 of the fleet, i.e. overflow any single pod).
+    /// KV-cache blocks per pod (default: sized per workload so that its working set
+    /// overflows one pod but fits the fleet; see bench/README.md).
     #[arg(long)]
     pub kv_blocks: Option<usize>,
     /// Tokens per KV block (the sim's and the theoretical maximum's granularity).
@@ -71,13 +71,27 @@ pub struct FleetArgs {
 }
 
 impl FleetArgs {
-    fn experiment(&self, workload: Workload, w: &WorkloadArgs) -> Experiment {
-        let kv_blocks = self.kv_blocks.unwrap_or(match workload {
-            Workload::Pressure => {
-                (w.pressure.prefix_blocks(self.block_size) * 3 / 2).div_ceil(self.pods.max(1))
-            }
-            _ => 26_000,
-        });
+    /// KV blocks per pod: `--kv-blocks`, or sized from the trace so that its working set
+    /// overflows one pod but fits the fleet: 1.5 x the trace's footprint spread over the
+    /// pods, plus room for the blocks pinned by `users` running requests; at least two of
+    /// the largest request, at most 26000 (an 80 GB H100). `pressure` follows its own
+    /// definition: all groups' system prompts take 2/3 of the fleet's blocks.
+    pub fn kv_blocks_for(&self, workload: Workload, trace: &Trace, w: &WorkloadArgs) -> usize {
+        if let Some(k) = self.kv_blocks {
+            return k;
+        }
+        let pods = self.pods.max(1);
+        if workload == Workload::Pressure {
+            return (w.pressure.prefix_blocks(self.block_size) * 3 / 2).div_ceil(pods);
+        }
+        let max_req = trace.max_request_blocks(self.block_size);
+        let sized =
+            (trace.footprint_blocks(self.block_size) * 3 / 2 + self.users * max_req).div_ceil(pods);
+        sized.max(2 * max_req).min(26_000)
+    }
+
+    fn experiment(&self, workload: Workload, trace: &Trace, w: &WorkloadArgs) -> Experiment {
+        let kv_blocks = self.kv_blocks_for(workload, trace, w);
         Experiment {
             sim: SimSettings {
                 pods: self.pods,
@@ -261,7 +275,7 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
     let mut kv = Vec::new();
     for w in workloads {
         let trace = a.fleet.cut(a.workload.trace(w));
-        let e = a.fleet.experiment(w, &a.workload);
+        let e = a.fleet.experiment(w, &trace, &a.workload);
         kv.push((w.name().to_string(), e.sim.kv_blocks));
         let results = compare(w, &trace, &routers, &e, &tools, &sglang).await;
         let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
@@ -339,7 +353,7 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
     f.root = a.root.clone();
     let tools = Tools::new(&a.root)?;
     let trace = w.trace(Workload::Chat);
-    let e = f.experiment(Workload::Chat, &w);
+    let e = f.experiment(Workload::Chat, &trace, &w);
     let t0 = Instant::now();
     println!(
         "kvroute demo: multi-turn chat through Envoy round robin, then through kvroute in Envoy."

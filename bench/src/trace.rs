@@ -60,6 +60,35 @@ impl Trace {
         total
     }
 
+    /// KV blocks the whole trace occupies once (each group's prefix once, then every
+    /// session's appended text and answers), at `block_size` tokens per block.
+    pub fn footprint_blocks(&self, block_size: usize) -> usize {
+        let mut groups = std::collections::HashSet::new();
+        let mut tokens = 0usize;
+        for s in &self.sessions {
+            if groups.insert(s.group) {
+                tokens += s.prefix.len() / 4 + 1;
+            }
+            for st in &s.steps {
+                tokens += st.append.len() / 4 + st.max_tokens as usize;
+            }
+        }
+        tokens.div_ceil(block_size.max(1))
+    }
+
+    /// KV blocks the largest request of the trace reserves (prompt + answer).
+    pub fn max_request_blocks(&self, block_size: usize) -> usize {
+        let mut max = 0usize;
+        for s in &self.sessions {
+            let mut tokens = s.prefix.len() / 4 + 1;
+            for st in &s.steps {
+                tokens += st.append.len() / 4 + st.max_tokens as usize;
+                max = max.max(tokens);
+            }
+        }
+        max.div_ceil(block_size.max(1))
+    }
+
     /// Interleaves sessions deterministically (Fisher-Yates with the given seed),
     /// so that groups mix in the arrival order as they would in production.
     pub fn shuffle(&mut self, seed: u64) {
