@@ -157,10 +157,10 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 0.2)]
     pub time_scale: f64,
     /// Concurrent users.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 16)]
     pub users: usize,
     /// KV-cache blocks per pod: small enough that round robin must evict.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 4000)]
     pub kv_blocks: usize,
     /// Chat groups (distinct system prompts).
     #[arg(long, default_value_t = 24)]
