@@ -106,3 +106,85 @@ pub(crate) fn think(rng: &mut fastrand::Rng, mean_ms: u64) -> u64 {
         rng.u64(mean_ms / 2..=mean_ms + mean_ms / 2)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        w: WorkloadArgs,
+    }
+
+    fn args(extra: &[&str]) -> WorkloadArgs {
+        let mut argv = vec![
+            "t",
+            "--qa-doc-min-tokens",
+            "2000",
+            "--qa-doc-max-tokens",
+            "4000",
+        ];
+        argv.extend_from_slice(extra);
+        Cli::parse_from(argv).w
+    }
+
+    #[test]
+    fn traces_are_deterministic_in_the_seed() {
+        let a = args(&[]);
+        let b = args(&["--seed", "7"]);
+        for w in Workload::ALL {
+            assert_eq!(a.trace(w), a.trace(w), "{}", w.name());
+            assert_ne!(a.trace(w), b.trace(w), "{}", w.name());
+            assert_eq!(a.trace(w).name, w.name());
+        }
+    }
+
+    #[test]
+    fn pressure_has_the_llm_d_shape() {
+        let t = args(&[]).trace(Workload::Pressure);
+        assert_eq!(t.sessions.len(), 150 * 5);
+        let groups: std::collections::HashSet<usize> = t.sessions.iter().map(|s| s.group).collect();
+        assert_eq!(groups.len(), 150);
+        let s = &t.sessions[0];
+        assert!((6000..6010).contains(&(s.prefix.len() / 4)));
+        assert!((1200..1215).contains(&(s.steps[0].append.len() / 4)));
+        // Sessions of one group share the same prefix allocation; text is token-aligned.
+        assert!(t
+            .sessions
+            .iter()
+            .all(|x| x.prefix.len() % 4 == 0 && x.steps[0].append.len() % 4 == 0));
+        // Groups are interleaved, not in blocks.
+        assert_ne!(t.sessions[0].group, t.sessions[1].group);
+    }
+
+    #[test]
+    fn chat_sessions_share_group_prefixes_and_hotspot_is_hot() {
+        let a = args(&[]);
+        let t = a.trace(Workload::Chat);
+        assert_eq!(t.requests(), 16 * 6 * 4);
+        let same: Vec<_> = t.sessions.iter().filter(|s| s.group == 3).collect();
+        assert_eq!(same.len(), 6);
+        assert!(same.iter().all(|s| s.prefix == same[0].prefix));
+        assert!(same
+            .iter()
+            .all(|s| s.steps[0].think_ms == 0 && s.steps[1].think_ms >= 1000));
+        let h = a.trace(Workload::Hotspot);
+        let hot = h.sessions.iter().filter(|s| s.group == 0).count();
+        assert_eq!(hot, 10 * h.sessions.iter().filter(|s| s.group == 1).count());
+    }
+
+    #[test]
+    fn footprint_counts_each_prefix_once() {
+        let t = args(&["--chat-groups", "2", "--chat-users-per-group", "3"]).trace(Workload::Chat);
+        let per_session: usize = t.sessions[0]
+            .steps
+            .iter()
+            .map(|s| s.append.len() / 4 + 100)
+            .sum();
+        let expect = (2 * (t.sessions[0].prefix.len() / 4 + 1) + 6 * per_session).div_ceil(16);
+        assert_eq!(t.footprint_blocks(16), expect);
+        assert!(t.max_request_blocks(16) < t.footprint_blocks(16));
+    }
+}
