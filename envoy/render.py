@@ -105,8 +105,11 @@ def render(args) -> str:
         # JSON text inside a YAML double-quoted scalar (JSON strings are YAML).
         "plugin_config": json.dumps(json.dumps(plugin, separators=(",", ":"))),
         "destination_header": json.dumps(plugin.get("destination_header", "x-kvroute-destination")),
-        # Headroom over max_body_bytes for headers and the request line.
-        "buffer_limit_bytes": max_body + 64 * 1024,
+        # kvroute buffers up to max_body_bytes, then routes by load and lets
+        # the rest stream; one socket read can land a whole window past that
+        # point before the filter runs, so the buffer holds twice the body
+        # (plus headers). Bodies up to this limit are always served.
+        "buffer_limit_bytes": 2 * max_body + 64 * 1024,
         "route_idle_timeout": args.idle_timeout,
     }
     filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", values)]

@@ -168,8 +168,8 @@ def test_buffers_hold_max_body_bytes_and_streams_have_no_deadline():
     max_body = _plugin_json()["max_body_bytes"]
     listener = next(p for p in _patches() if p["applyTo"] == "LISTENER")["patch"]["value"]
     route = next(p for p in _patches() if p["applyTo"] == "HTTP_ROUTE")
-    assert listener["per_connection_buffer_limit_bytes"] > max_body
-    assert route["patch"]["value"]["request_body_buffer_limit"] > max_body
+    assert listener["per_connection_buffer_limit_bytes"] >= 2 * max_body
+    assert route["patch"]["value"]["request_body_buffer_limit"] >= 2 * max_body
     assert route["patch"]["value"]["route"]["idle_timeout"]
     vs = find("VirtualService", "kvroute")
     http = vs["spec"]["http"][0]
