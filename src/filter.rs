@@ -8,7 +8,8 @@
 //!    load at once;
 //! 2. body: wait for the whole body (up to `max_body_bytes`), parse it, route,
 //!    write the chosen endpoint into the destination header, release;
-//! 3. response: the first body chunk means the prefill is over (release the
+//! 3. response: its status feeds passive health (consecutive 5xx eject the
+//!    endpoint); the first body chunk means the prefill is over (release the
 //!    in-flight tokens); the stream itself passes untouched;
 //! 4. log: the request is over (release the in-flight request).
 //!
@@ -168,6 +169,17 @@ impl HttpContext for RequestFilter {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if let Some(r) = &self.routed {
+            let status = self
+                .get_http_response_header(":status")
+                .and_then(|s| s.parse::<u16>().ok());
+            if let Some(status) = status {
+                let (endpoint, now) = (r.decision.endpoint, now_ms(self));
+                self.state
+                    .borrow_mut()
+                    .observe_response(endpoint, status, now);
+            }
+        }
         let name = self.state.borrow().config().debug_header.clone();
         if let Some(name) = name {
             if let Some(value) = self.debug_value() {

@@ -8,6 +8,7 @@
 //! | `pool` | discovered members (JSON list) | the lease holder (discovery on) |
 //! | `endpoints` | scrape state of the pool (JSON) | the lease holder, CAS |
 //! | `inflight` | in-flight requests/tokens per endpoint | every request, CAS |
+//! | `outliers` | passive-health streaks and ejections | 5xx responses (and the success after one), CAS |
 //! | `log/head` | next decision-log sequence number | every decision, CAS |
 //! | `log/<slot>` | one decision (endpoint + block hashes) | its appender |
 //!
@@ -19,6 +20,7 @@
 use kvroute_core::discovery::{decode_pool, encode_pool};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
+use kvroute_core::outlier::OutlierTable;
 use kvroute_core::shared::decision_log::{slot_of, LogEntry};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use kvroute_core::shared::lease::Lease;
@@ -39,6 +41,7 @@ pub struct SharedStore {
     pool: String,
     endpoints: String,
     inflight: String,
+    outliers: String,
     log_head: String,
     log_slot: String,
     log_slots: u32,
@@ -64,6 +67,11 @@ fn get(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
     get_shared_data(key).unwrap_or((None, None))
 }
 
+/// A decoded value (default when absent or undecodable).
+fn read_value<T: Default>(key: &str, decode: fn(&[u8]) -> Option<T>) -> T {
+    get(key).0.and_then(|v| decode(&v)).unwrap_or_default()
+}
+
 impl SharedStore {
     /// Keys under `prefix`, with a decision log of `log_slots` slots.
     pub fn new(prefix: &str, log_slots: u32) -> SharedStore {
@@ -72,6 +80,7 @@ impl SharedStore {
             pool: format!("{prefix}pool"),
             endpoints: format!("{prefix}endpoints"),
             inflight: format!("{prefix}inflight"),
+            outliers: format!("{prefix}outliers"),
             log_head: format!("{prefix}log/head"),
             log_slot: format!("{prefix}log/"),
             log_slots,
@@ -85,6 +94,7 @@ impl SharedStore {
             (&self.lease, Vec::new()),
             (&self.endpoints, EndpointStates::default().encode()),
             (&self.inflight, InFlightTable::default().encode()),
+            (&self.outliers, OutlierTable::default().encode()),
             (&self.log_head, 0u64.to_le_bytes().to_vec()),
         ] {
             if get(key).1.is_none() {
@@ -131,41 +141,64 @@ impl SharedStore {
 
     /// The pool's scrape state.
     pub fn endpoint_states(&self) -> EndpointStates {
-        get(&self.endpoints)
-            .0
-            .and_then(|v| EndpointStates::decode(&v))
-            .unwrap_or_default()
+        read_value(&self.endpoints, EndpointStates::decode)
     }
 
     /// Updates the pool's scrape state.
-    pub fn update_endpoint_states(&self, mut f: impl FnMut(&mut EndpointStates)) -> EndpointStates {
-        let mut out = EndpointStates::default();
-        self.update(&self.endpoints, |cur| {
-            let mut states = cur.and_then(EndpointStates::decode).unwrap_or_default();
-            f(&mut states);
-            let bytes = states.encode();
-            out = states;
-            Some(bytes)
-        });
-        out
+    pub fn update_endpoint_states(&self, f: impl FnMut(&mut EndpointStates)) -> EndpointStates {
+        self.update_value(
+            &self.endpoints,
+            EndpointStates::decode,
+            EndpointStates::encode,
+            f,
+        )
     }
 
     /// In-flight accounting of all workers.
     pub fn inflight(&self) -> InFlightTable {
-        get(&self.inflight)
-            .0
-            .and_then(|v| InFlightTable::decode(&v))
-            .unwrap_or_default()
+        read_value(&self.inflight, InFlightTable::decode)
     }
 
     /// Updates the in-flight accounting; returns the table written.
-    pub fn update_inflight(&self, mut f: impl FnMut(&mut InFlightTable)) -> InFlightTable {
-        let mut out = InFlightTable::default();
-        self.update(&self.inflight, |cur| {
-            let mut table = cur.and_then(InFlightTable::decode).unwrap_or_default();
-            f(&mut table);
-            let bytes = table.encode();
-            out = table;
+    pub fn update_inflight(&self, f: impl FnMut(&mut InFlightTable)) -> InFlightTable {
+        self.update_value(
+            &self.inflight,
+            InFlightTable::decode,
+            InFlightTable::encode,
+            f,
+        )
+    }
+
+    /// Passive-health state of the pool (all workers' responses).
+    pub fn outliers(&self) -> OutlierTable {
+        read_value(&self.outliers, OutlierTable::decode)
+    }
+
+    /// Updates the passive-health state; returns the table written.
+    pub fn update_outliers(&self, f: impl FnMut(&mut OutlierTable)) -> OutlierTable {
+        self.update_value(
+            &self.outliers,
+            OutlierTable::decode,
+            OutlierTable::encode,
+            f,
+        )
+    }
+
+    /// CAS read-modify-write of a decoded value (undecodable counts as
+    /// default); returns the value written.
+    fn update_value<T: Default>(
+        &self,
+        key: &str,
+        decode: fn(&[u8]) -> Option<T>,
+        encode: fn(&T) -> Vec<u8>,
+        mut f: impl FnMut(&mut T),
+    ) -> T {
+        let mut out = T::default();
+        self.update(key, |cur| {
+            let mut value = cur.and_then(decode).unwrap_or_default();
+            f(&mut value);
+            let bytes = encode(&value);
+            out = value;
             Some(bytes)
         });
         out

@@ -45,9 +45,11 @@ pub enum Counter {
     ScrapeFailure,
     /// Decision-log entries overwritten before this VM replayed them.
     LogLost,
+    /// Endpoints ejected by passive health (consecutive 5xx).
+    OutlierEjected,
 }
 
-const COUNTERS: [(Counter, &str); 15] = [
+const COUNTERS: [(Counter, &str); 16] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -66,6 +68,7 @@ const COUNTERS: [(Counter, &str); 15] = [
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),
+    (Counter::OutlierEjected, "kvroute.outlier.ejected"),
 ];
 
 /// Per-endpoint gauges.
@@ -99,6 +102,8 @@ pub enum EndpointCounter {
     Routed,
     /// Failed scrapes of the endpoint.
     ScrapeFailures,
+    /// Passive-health ejections of the endpoint.
+    Ejections,
 }
 
 impl EndpointCounter {
@@ -106,6 +111,7 @@ impl EndpointCounter {
         match self {
             EndpointCounter::Routed => "routed",
             EndpointCounter::ScrapeFailures => "scrape_failures",
+            EndpointCounter::Ejections => "ejections",
         }
     }
 }

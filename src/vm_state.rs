@@ -11,11 +11,13 @@ use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
 use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
+use kvroute_core::outlier::{Outcome, OutlierTable};
 use kvroute_core::request::InferenceRequest;
 use kvroute_core::router::Router;
 use kvroute_core::scheduler::Decision;
 use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::endpoint_state::EndpointStates;
+use log::warn;
 use std::collections::HashSet;
 
 /// Endpoints listed after the choice for Envoy's retries (override_host).
@@ -58,6 +60,8 @@ pub struct VmState {
     pub vm_id: u64,
     /// Scrape states as of the last tick.
     pub states: EndpointStates,
+    /// Passive-health state as of the last tick (or this VM's last write).
+    pub outliers: OutlierTable,
     rng: fastrand::Rng,
     cursor: LogCursor,
     own_seqs: HashSet<u64>,
@@ -76,6 +80,7 @@ impl VmState {
             stats: Stats::define(),
             vm_id,
             states: EndpointStates::default(),
+            outliers: OutlierTable::default(),
             rng: fastrand::Rng::with_seed(seed),
             cursor,
             own_seqs: HashSet::new(),
@@ -113,6 +118,7 @@ impl VmState {
             }
         }
         self.states = self.store.endpoint_states();
+        self.outliers = self.store.outliers();
         self.router.observe(&self.states);
         self.replay_log();
     }
@@ -130,6 +136,7 @@ impl VmState {
             blocks,
             prompt_tokens,
             &self.states,
+            &self.outliers,
             |e| inflight.get(&e),
             now_ms,
             &mut self.rng,
@@ -176,6 +183,34 @@ impl VmState {
         if tokens > 0 {
             self.store
                 .update_inflight(|t| t.release_tokens(endpoint, tokens));
+        }
+    }
+
+    /// The endpoint answered with HTTP `status` (or Envoy answered for it,
+    /// e.g. 503 when it could not connect): feeds passive health. Only a
+    /// 5xx, or the first success after one, writes shared data.
+    pub fn observe_response(&mut self, endpoint: Endpoint, status: u16, now_ms: u64) {
+        let outcome = Outcome::from_status(status);
+        if !self.outliers.changes(endpoint, outcome) {
+            return;
+        }
+        let pool_size = self.router.pool().len();
+        let config = self.config().outlier_detection.clone();
+        let pool = self.router.pool().to_vec();
+        let mut ejected_until = None;
+        self.outliers = self.store.update_outliers(|t| {
+            t.retain(&pool);
+            ejected_until = t.record(endpoint, outcome, now_ms, pool_size, &config);
+        });
+        if let Some(until) = ejected_until {
+            self.stats.inc(Counter::OutlierEjected);
+            self.stats
+                .endpoint_inc(endpoint, EndpointCounter::Ejections);
+            warn!(
+                "kvroute: endpoint {endpoint} ejected for {} ms after {} consecutive 5xx",
+                until - now_ms,
+                config.consecutive_errors
+            );
         }
     }
 

@@ -1,6 +1,7 @@
 //! Routing quality through the real Envoy and real kvroute-sim pods
 //! (issue: routing core): multi-turn affinity, avoiding a hot pod, several
-//! workers, exactly one scraper, dead pods, and cold bursts.
+//! workers, exactly one scraper, dead pods, cold bursts, unreadable metrics
+//! and pods that fail requests (passive health).
 
 mod support;
 
@@ -262,4 +263,49 @@ fn g_pod_with_unreadable_metrics_stays_a_candidate() {
         1.0
     );
     assert!(envoy.stat("wasmcustom.kvroute.scrape.failure") >= 5.0);
+}
+
+#[test]
+fn h_pod_answering_5xx_is_ejected_then_returns() {
+    // The engine breaks but /metrics still answers: scrapes say healthy and
+    // the pod looks idle (its requests fail fast). Passive health must take
+    // it out, or its sticky conversations (and load-aware cold traffic)
+    // keep failing.
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    let config = json!({"outlier_detection": {"consecutive_errors": 3, "base_ejection_ms": 2000}});
+    let envoy = Envoy::start(&sim.endpoints(), config, 2);
+    let mut conv = Conversation::new(7);
+    conv.turn(&envoy, "hello");
+    let bad = conv.first_pod();
+    sim.fault(bad, json!({"error_rate": 1.0}));
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        conv.messages
+            .push(json!({"role": "user", "content": format!("turn {i}")}));
+        let body = json!({"model": MODEL, "max_tokens": 4, "messages": conv.messages});
+        let r = post_json(&envoy.url("/v1/chat/completions"), &body);
+        conv.messages.pop();
+        statuses.push(r.status);
+    }
+    // 3 in a row eject it; the other worker learns of it on its next tick
+    // (50 ms), so it may still send one.
+    let failures = statuses.iter().filter(|s| **s != 200).count();
+    assert!(
+        (3..=4).contains(&failures) && statuses[4..].iter().all(|s| *s == 200),
+        "requests kept failing after the streak: {statuses:?}"
+    );
+    assert_eq!(envoy.stat("wasmcustom.kvroute.outlier.ejected"), 1.0);
+    // Repaired: back in the candidate set once the ejection is over.
+    sim.fault(bad, json!({"error_rate": 0.0}));
+    std::thread::sleep(Duration::from_millis(2200));
+    let mut pods = Vec::new();
+    for i in 0..12 {
+        let r = post_json(
+            &envoy.url("/v1/completions"),
+            &json!({"model": MODEL, "max_tokens": 2, "prompt": format!("cold {i} {}", "z".repeat(600))}),
+        );
+        assert_eq!(r.status, 200);
+        pods.push(r.pod().unwrap());
+    }
+    assert!(pods.contains(&bad), "ejected pod never came back: {pods:?}");
 }

@@ -17,6 +17,7 @@ use kvroute_core::config::{Config, MetricsConfig, PrefixConfig};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlight;
 use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
+use kvroute_core::outlier::OutlierTable;
 use kvroute_core::prefix::{block_hashes, seed, PrefixIndex};
 use kvroute_core::request::{parse, ApiKind};
 use kvroute_core::router::Router;
@@ -252,7 +253,15 @@ fn bench_decide(c: &mut Criterion) {
         };
         let mut pick_rng = fastrand::Rng::with_seed(23);
         router
-            .decide(&request, 4096, &states, inflight, now, &mut pick_rng)
+            .decide(
+                &request,
+                4096,
+                &states,
+                &OutlierTable::default(),
+                inflight,
+                now,
+                &mut pick_rng,
+            )
             .expect("a non-empty pool decides");
         g.bench_with_input(BenchmarkId::new("endpoints", n), &request, |b, request| {
             b.iter(|| {
@@ -260,6 +269,7 @@ fn bench_decide(c: &mut Criterion) {
                     black_box(request),
                     4096,
                     &states,
+                    &OutlierTable::default(),
                     inflight,
                     now,
                     &mut pick_rng,

@@ -37,6 +37,8 @@ pub struct Config {
     pub prefix: PrefixConfig,
     /// Filters, scorer weights and picker.
     pub scheduling: SchedulingConfig,
+    /// Passive health: endpoints answering 5xx in a row are ejected.
+    pub outlier_detection: OutlierConfig,
     /// State shared across Envoy workers.
     pub shared: SharedConfig,
 }
@@ -54,6 +56,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             prefix: PrefixConfig::default(),
             scheduling: SchedulingConfig::default(),
+            outlier_detection: OutlierConfig::default(),
             shared: SharedConfig::default(),
         }
     }
@@ -291,6 +294,37 @@ impl Default for SchedulingConfig {
             min_range_inflight: 8.0,
             min_range_tokens: 4096.0,
             cold_margin: 0.05,
+        }
+    }
+}
+
+/// `outlier_detection.*`: passive health from inference responses (see
+/// `outlier.rs`), with the semantics of Envoy's `consecutive_5xx`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierConfig {
+    /// 5xx responses in a row (across workers) that eject an endpoint;
+    /// 0 disables passive health.
+    pub consecutive_errors: u32,
+    /// First ejection length; the n-th ejection in a row lasts n times this.
+    pub base_ejection_ms: u64,
+    /// Longest ejection.
+    pub max_ejection_ms: u64,
+    /// Most of the pool (percent) ejected at once; a pool is never emptied.
+    pub max_ejection_percent: u32,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        // Envoy's defaults, except: 10 s base (a model server that restarts
+        // its engine is back within seconds; Envoy's 30 s would keep a good
+        // pod's cache idle) and 50% (Envoy's 10% rounds to nothing in small
+        // model-server pools).
+        OutlierConfig {
+            consecutive_errors: 5,
+            base_ejection_ms: 10_000,
+            max_ejection_ms: 300_000,
+            max_ejection_percent: 50,
         }
     }
 }
@@ -577,6 +611,35 @@ impl Config {
                 return Err(err(name, v, &format!("must be a number in 0..={max}")));
             }
         }
+        let o = &self.outlier_detection;
+        if o.consecutive_errors > 1000 {
+            return Err(err(
+                "outlier_detection.consecutive_errors",
+                o.consecutive_errors,
+                "must be 0..=1000 (0 disables)",
+            ));
+        }
+        if !(100..=3_600_000).contains(&o.base_ejection_ms) {
+            return Err(err(
+                "outlier_detection.base_ejection_ms",
+                o.base_ejection_ms,
+                "must be 100..=3600000",
+            ));
+        }
+        if o.max_ejection_ms < o.base_ejection_ms || o.max_ejection_ms > 86_400_000 {
+            return Err(err(
+                "outlier_detection.max_ejection_ms",
+                o.max_ejection_ms,
+                "must be at least outlier_detection.base_ejection_ms and at most 86400000",
+            ));
+        }
+        if o.max_ejection_percent > 100 {
+            return Err(err(
+                "outlier_detection.max_ejection_percent",
+                o.max_ejection_percent,
+                "must be 0..=100",
+            ));
+        }
         if self.shared.key_prefix.is_empty() || self.shared.key_prefix.len() > 64 {
             return Err(err(
                 "shared.key_prefix",
@@ -737,6 +800,18 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":-5}}"#,
                 "scheduling.gate_max_tokens_excess",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"outlier_detection":{"max_ejection_percent":101}}"#,
+                "outlier_detection.max_ejection_percent",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"outlier_detection":{"base_ejection_ms":20000,"max_ejection_ms":1000}}"#,
+                "outlier_detection.max_ejection_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"outlier_detection":{"consecutive_5xx":3}}"#,
+                "outlier_detection.consecutive_5xx",
             ),
             ("not json", "(config)"),
         ];

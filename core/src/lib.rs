@@ -24,6 +24,7 @@ pub mod discovery;
 pub mod endpoint;
 pub mod inflight;
 pub mod metrics;
+pub mod outlier;
 pub mod prefix;
 pub mod request;
 pub mod router;

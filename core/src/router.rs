@@ -10,6 +10,7 @@
 use crate::config::Config;
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
+use crate::outlier::OutlierTable;
 use crate::prefix::PrefixIndex;
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::EndpointStates;
@@ -88,12 +89,16 @@ impl Router {
     }
 
     /// Picks an endpoint for a request whose prompt hashed into `blocks`
-    /// (empty when the body was not understood). `None` only for an empty pool.
+    /// (empty when the body was not understood). An endpoint is healthy when
+    /// its scrapes answer and passive health has not ejected it. `None` only
+    /// for an empty pool.
+    #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &self,
         blocks: &[u64],
         prompt_tokens: u64,
         states: &EndpointStates,
+        outliers: &OutlierTable,
         inflight: impl Fn(Endpoint) -> InFlight,
         now_ms: u64,
         rng: &mut fastrand::Rng,
@@ -112,7 +117,8 @@ impl Router {
                 Candidate {
                     endpoint,
                     snapshot: state.fresh(now_ms, metrics.stale_after_ms),
-                    healthy: state.healthy(metrics.unhealthy_after_failures),
+                    healthy: state.healthy(metrics.unhealthy_after_failures)
+                        && !outliers.ejected(endpoint, now_ms),
                     matched_blocks: matches
                         .iter()
                         .find(|(e, _)| *e == endpoint)
@@ -207,6 +213,7 @@ mod tests {
                 &blocks,
                 1280,
                 &states,
+                &OutlierTable::default(),
                 |_| InFlight::default(),
                 1_000,
                 &mut rng,
@@ -221,6 +228,7 @@ mod tests {
                 &longer,
                 1920,
                 &states,
+                &OutlierTable::default(),
                 |_| InFlight::default(),
                 1_001,
                 &mut rng,
@@ -230,6 +238,39 @@ mod tests {
         assert_eq!(second.matched_blocks, 20);
         assert_eq!(second.reason, Reason::Prefix);
         assert_eq!(r.uncached_tokens(&second, 1920), 1920 - 20 * 64);
+    }
+
+    #[test]
+    fn an_ejected_endpoint_loses_even_its_sticky_traffic_until_it_returns() {
+        use crate::outlier::Outcome;
+        let mut r = router(3);
+        let mut rng = fastrand::Rng::with_seed(5);
+        let blocks: Vec<u64> = (1..=20).collect();
+        let states = idle_states(&r, 0);
+        let none = OutlierTable::default();
+        let d = |r: &Router, o: &OutlierTable, now, rng: &mut fastrand::Rng| {
+            r.decide(&blocks, 1280, &states, o, |_| InFlight::default(), now, rng)
+                .unwrap()
+        };
+        let sticky = d(&r, &none, 0, &mut rng).endpoint;
+        r.learn(sticky, &blocks, 0);
+        assert_eq!(d(&r, &none, 1, &mut rng).endpoint, sticky);
+        let mut outliers = OutlierTable::default();
+        let c = &r.config().outlier_detection;
+        let until = (0..c.consecutive_errors)
+            .filter_map(|_| outliers.record(sticky, Outcome::Failure, 10, 3, c))
+            .last()
+            .expect("ejected");
+        for now in [10, until - 1] {
+            let other = d(&r, &outliers, now, &mut rng);
+            assert_ne!(other.endpoint, sticky);
+            assert_eq!(
+                other.reason,
+                Reason::Cold,
+                "no healthy holder of the prefix"
+            );
+        }
+        assert_eq!(d(&r, &outliers, until, &mut rng).endpoint, sticky);
     }
 
     #[test]
@@ -247,7 +288,15 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(1);
         for _ in 0..20 {
             let d = r
-                .decide(&[], 0, &states, |_| InFlight::default(), 0, &mut rng)
+                .decide(
+                    &[],
+                    0,
+                    &states,
+                    &OutlierTable::default(),
+                    |_| InFlight::default(),
+                    0,
+                    &mut rng,
+                )
                 .unwrap();
             assert!(r.contains(d.endpoint));
         }
@@ -278,6 +327,7 @@ mod tests {
                 &[],
                 0,
                 &EndpointStates::default(),
+                &OutlierTable::default(),
                 |_| InFlight::default(),
                 0,
                 &mut rng
