@@ -300,19 +300,14 @@ fn stream_response(
         if st.done {
             return None;
         }
-        if !st.opened {
-            // Open the stream before the first token, as vLLM does.
-            let mut out = Vec::new();
-            open_chunk(st.endpoint, &st.meta, &mut out);
-            st.opened = true;
-            if !out.is_empty() {
-                return Some((Ok::<Bytes, std::io::Error>(Bytes::from(out)), st));
-            }
-        }
+        // The opening event (chat: `delta.role`) goes out with the first token, as
+        // in vLLM, whose stream generator writes it on the engine's first output
+        // (after the prefill): a router may take the first body bytes as "prefill
+        // done".
         match st.gen.next().await {
             Some(p) => {
                 let frame = st.frame(p.generated, p.cached_tokens, p.finished);
-                Some((Ok(Bytes::from(frame)), st))
+                Some((Ok::<Bytes, std::io::Error>(Bytes::from(frame)), st))
             }
             None => None,
         }

@@ -329,3 +329,31 @@ fn sglang_flavour_names() {
     assert!(rate > 0.3 && rate < 1.0, "{rate}");
     assert_eq!(metric(&m, "sglang:generation_tokens_total", &[]), Some(4.0));
 }
+
+#[test]
+fn a_chat_stream_opens_with_its_first_token_not_before_the_prefill() {
+    // vLLM writes the `delta.role` event on the engine's first output, after the
+    // prefill; a router may take the first body bytes as "prefill done".
+    use std::io::Read;
+    let s = TestSim::start(SimConfig {
+        time_scale: 1.0,
+        ..SimConfig::default()
+    });
+    let prompt = "word ".repeat(8_000); // ~10k tokens: ~0.4 s of prefill
+    let t0 = std::time::Instant::now();
+    let mut res = agent()
+        .post(&s.url(0, "/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .send(chat(&[("user", &prompt)], 3, true))
+        .expect("request");
+    let mut first = [0u8; 1];
+    res.body_mut()
+        .as_reader()
+        .read_exact(&mut first)
+        .expect("first byte");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(300),
+        "first body byte after {waited:?}, before the prefill could finish"
+    );
+}
