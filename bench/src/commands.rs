@@ -56,6 +56,10 @@ pub struct FleetArgs {
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     pub envoy_workers: usize,
+    /// JSON merged (object keys, recursively) into every kvroute variant's plugin
+    /// configuration, e.g. `'{"scheduling":{"cold_margin":0}}'`: tune and compare.
+    #[arg(long, value_parser = parse_json_object)]
+    pub kvroute_config: Option<serde_json::Value>,
     /// Per-request timeout, wall seconds.
     #[arg(long, default_value_t = 300)]
     pub request_timeout_s: u64,
@@ -68,6 +72,14 @@ pub struct FleetArgs {
     /// Where results (JSON, SVG) are written.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+}
+
+fn parse_json_object(s: &str) -> std::result::Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err("expected a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 impl FleetArgs {
@@ -110,6 +122,7 @@ impl FleetArgs {
                 seed: w.seed,
             },
             envoy_workers: self.envoy_workers,
+            kvroute_config: self.kvroute_config.clone(),
         }
     }
 

@@ -103,6 +103,8 @@ pub struct Experiment {
     pub run: RunSettings,
     /// Envoy worker threads.
     pub envoy_workers: usize,
+    /// Merged into every kvroute variant's configuration (`--kvroute-config`).
+    pub kvroute_config: Option<serde_json::Value>,
 }
 
 async fn kvroute_stats(admin: &str) -> BTreeMap<String, u64> {
@@ -140,7 +142,14 @@ pub async fn run_one(
     label: &str,
 ) -> Result<RunResult> {
     let sim = start_sim(&tools.sim, &e.sim, &tools.logs)?;
-    let rut = start(router, &sim.pods, tools, e.envoy_workers).await?;
+    let rut = start(
+        router,
+        &sim.pods,
+        tools,
+        e.envoy_workers,
+        e.kvroute_config.as_ref(),
+    )
+    .await?;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .no_proxy()

@@ -99,6 +99,7 @@ pub async fn start(
     pods: &[SocketAddr],
     tools: &Tools,
     envoy_workers: usize,
+    kvroute_overrides: Option<&serde_json::Value>,
 ) -> Result<RunningRouter> {
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
@@ -178,7 +179,10 @@ pub async fn start(
         ])
         .arg("--wasm")
         .arg(&tools.wasm);
-    if let Some(cfg) = kind.kvroute_config() {
+    if let Some(mut cfg) = kind.kvroute_config() {
+        if let Some(o) = kvroute_overrides {
+            merge_json(&mut cfg, o);
+        }
         let path = tools.logs.join(format!("{}.json", kind.name()));
         std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)?;
         cmd.arg("--config").arg(&path);
@@ -200,6 +204,18 @@ pub async fn start(
         admin: Some(admin),
         _guard: guard,
     })
+}
+
+/// Merges `over` into `base`: objects key by key (recursively), anything else replaced.
+pub fn merge_json(base: &mut serde_json::Value, over: &serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                merge_json(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
 }
 
 /// Makes sure `sglang-router` is importable from the project venv, installing the
@@ -239,5 +255,28 @@ pub fn ensure_sglang(tools: &Tools) -> std::result::Result<(), String> {
         Ok(())
     } else {
         Err("sglang-router installed but `import sglang_router.launch_router` fails".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn overrides_merge_into_a_variant_config() {
+        let mut cfg = RouterKind::KvroutePrefixOnly.kvroute_config().unwrap();
+        merge_json(
+            &mut cfg,
+            &json!({"scheduling": {"cold_margin": 0, "weights": {"queue": 1}}, "debug_header": "x-d"}),
+        );
+        assert_eq!(cfg["scheduling"]["cold_margin"], 0);
+        assert_eq!(cfg["scheduling"]["weights"]["queue"], 1);
+        assert_eq!(
+            cfg["scheduling"]["weights"]["prefix"], 3,
+            "untouched keys stay"
+        );
+        assert_eq!(cfg["scheduling"]["gate_max_queue_excess"], 1e9);
+        assert_eq!(cfg["debug_header"], "x-d");
     }
 }
