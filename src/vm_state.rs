@@ -194,13 +194,12 @@ impl VmState {
         if !self.outliers.changes(endpoint, outcome) {
             return;
         }
-        let pool_size = self.router.pool().len();
         let config = self.config().outlier_detection.clone();
         let pool = self.router.pool().to_vec();
         let mut ejected_until = None;
         self.outliers = self.store.update_outliers(|t| {
             t.retain(&pool);
-            ejected_until = t.record(endpoint, outcome, now_ms, pool_size, &config);
+            ejected_until = t.record(endpoint, outcome, now_ms, pool.len(), &config);
         });
         if let Some(until) = ejected_until {
             self.stats.inc(Counter::OutlierEjected);
