@@ -188,13 +188,15 @@ impl VmState {
 
     /// The endpoint answered with HTTP `status` (or Envoy answered for it,
     /// e.g. 503 when it could not connect): feeds passive health. Only a
-    /// 5xx, or the first success after one, writes shared data.
+    /// 5xx, or the first success after one, writes shared data (nothing
+    /// does when passive health is off).
     pub fn observe_response(&mut self, endpoint: Endpoint, status: u16, now_ms: u64) {
         let outcome = Outcome::from_status(status);
-        if !self.outliers.changes(endpoint, outcome) {
+        let config = &self.router.config().outlier_detection;
+        if !self.outliers.changes(endpoint, outcome, config) {
             return;
         }
-        let config = self.config().outlier_detection.clone();
+        let config = config.clone();
         let pool = self.router.pool().to_vec();
         let mut ejected_until = None;
         self.outliers = self.store.update_outliers(|t| {

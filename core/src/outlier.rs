@@ -94,11 +94,13 @@ impl OutlierTable {
             .count()
     }
 
-    /// Whether recording `outcome` for `endpoint` would change the table: a
-    /// success on an endpoint with no streak and no ejection history is a
-    /// no-op, which lets the shell skip the shared-data write on the hot path.
-    pub fn changes(&self, endpoint: Endpoint, outcome: Outcome) -> bool {
-        outcome == Outcome::Failure || self.get(endpoint) != OutlierState::default()
+    /// Whether recording `outcome` for `endpoint` could change the table:
+    /// never when passive health is off, and a success on an endpoint with
+    /// no streak and no ejection history is a no-op. Lets the shell skip the
+    /// shared-data write on the hot path.
+    pub fn changes(&self, endpoint: Endpoint, outcome: Outcome, config: &OutlierConfig) -> bool {
+        config.consecutive_errors > 0
+            && (outcome == Outcome::Failure || self.get(endpoint) != OutlierState::default())
     }
 
     /// Records one response of `endpoint` at `now_ms` in a pool of
@@ -225,8 +227,8 @@ mod tests {
         // back to nothing stored after a success
         t.record(ep(1), Outcome::Success, 4, 4, &c);
         assert_eq!(t, OutlierTable::default());
-        assert!(!t.changes(ep(1), Outcome::Success));
-        assert!(t.changes(ep(1), Outcome::Failure));
+        assert!(!t.changes(ep(1), Outcome::Success, &c));
+        assert!(t.changes(ep(1), Outcome::Failure, &c));
     }
 
     #[test]
@@ -245,7 +247,7 @@ mod tests {
             now = until;
         }
         assert_eq!(lengths, vec![1_000, 2_000, 2_500, 2_500]);
-        assert!(t.changes(ep(1), Outcome::Success));
+        assert!(t.changes(ep(1), Outcome::Success, &c));
     }
 
     #[test]
@@ -270,6 +272,7 @@ mod tests {
         let mut c = cfg();
         c.consecutive_errors = 0;
         let mut t = OutlierTable::default();
+        assert!(!t.changes(ep(1), Outcome::Failure, &c), "no shared write");
         for _ in 0..10 {
             assert_eq!(t.record(ep(1), Outcome::Failure, 0, 4, &c), None);
         }
