@@ -174,6 +174,10 @@ pub struct PrefixConfig {
     /// Follow `vllm:cache_config_info` (block_size x num_gpu_blocks) when an
     /// endpoint reports it, instead of `capacity_blocks`.
     pub follow_engine_capacity: bool,
+    /// Most JSON values (and keys) of `tools` and `tool_calls` one request
+    /// may hold; the only parts of a body built as values (to sort their
+    /// keys). A body over it is routed by load.
+    pub max_json_nodes: usize,
 }
 
 impl Default for PrefixConfig {
@@ -184,6 +188,7 @@ impl Default for PrefixConfig {
             max_prompt_tokens: 262_144,
             capacity_blocks: 31_250,
             follow_engine_capacity: true,
+            max_json_nodes: 32_768,
         }
     }
 }
@@ -558,6 +563,13 @@ impl Config {
                 "must be 1..=10000000",
             ));
         }
+        if !(1..=1_048_576).contains(&p.max_json_nodes) {
+            return Err(err(
+                "prefix.max_json_nodes",
+                p.max_json_nodes,
+                "must be 1..=1048576",
+            ));
+        }
         let s = &self.scheduling;
         let w = &s.weights;
         for (name, v) in [
@@ -776,6 +788,10 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"prefix":{"block_tokens":0}}"#,
                 "prefix.block_tokens",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"prefix":{"max_json_nodes":0}}"#,
+                "prefix.max_json_nodes",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":-1}}"#,

@@ -142,6 +142,14 @@ impl BlockHasher {
         self.hashes.len() >= self.max_blocks
     }
 
+    /// Counts `bytes` more prompt bytes without hashing or reading them:
+    /// once the hasher is full, the request parser skips the rest of a
+    /// prompt unread and only counts its length (see `request`).
+    pub fn count_unhashed(&mut self, bytes: usize) {
+        debug_assert!(self.is_full(), "only bytes past the cap go unhashed");
+        self.total = self.total.saturating_add(bytes);
+    }
+
     /// Bytes written so far (all of them, including any beyond the cap).
     pub fn bytes_written(&self) -> usize {
         self.total
