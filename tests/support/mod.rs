@@ -433,6 +433,19 @@ impl Envoy {
     pub fn log_path(&self) -> &Path {
         &self.log
     }
+
+    /// Envoy's resident memory in bytes (`build.sh serve` execs into Envoy,
+    /// so the child's pid is Envoy's).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("Envoy's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmRSS")
+            * 1024
+    }
 }
 
 impl Drop for Envoy {

@@ -27,7 +27,7 @@
 //! buffer; [`block_hashes`] is the one-shot form.
 
 use std::io;
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 /// Domain tag of the seed derivation; bump it when the canonical prompt
 /// format changes so that old and new hashes never mix (in the shared
@@ -43,13 +43,15 @@ const SEED_DOMAIN: &[u8] = b"kvroute/prefix/v1\0";
 /// treating it as "no salt" keeps affinity with unsalted requests.
 pub fn seed(model: &str, cache_salt: Option<&str>) -> u64 {
     let salt = cache_salt.unwrap_or("");
-    let mut buf = Vec::with_capacity(SEED_DOMAIN.len() + 16 + model.len() + salt.len());
-    buf.extend_from_slice(SEED_DOMAIN);
-    buf.extend_from_slice(&(model.len() as u64).to_le_bytes());
-    buf.extend_from_slice(model.as_bytes());
-    buf.extend_from_slice(&(salt.len() as u64).to_le_bytes());
-    buf.extend_from_slice(salt.as_bytes());
-    xxh3_64(&buf)
+    // Streaming: the same hash as one-shot xxh3 of the concatenation,
+    // without copying a client's (possibly huge) model name.
+    let mut h = Xxh3::new();
+    h.update(SEED_DOMAIN);
+    h.update(&(model.len() as u64).to_le_bytes());
+    h.update(model.as_bytes());
+    h.update(&(salt.len() as u64).to_le_bytes());
+    h.update(salt.as_bytes());
+    h.digest()
 }
 
 /// Chained hashes of the full `block_bytes`-sized blocks of `prompt`, at

@@ -27,9 +27,10 @@
 //! length is counted (so `prompt_bytes` is an estimate past the cap).
 //!
 //! Cost per body: each byte is scanned at most three times (body, message,
-//! content), and the heap peak is at most [`parse_cost_bound`]: twice the
-//! body (a JSON-escaped string is unescaped into serde_json's scratch buffer
-//! and may be copied once), the hash vector, and the value budget.
+//! content), and the heap peak is at most [`parse_cost_bound`]: three times
+//! the body (a JSON-escaped string is unescaped into serde_json's growing
+//! scratch buffer and may be copied once), the hash vector, and the value
+//! budget.
 //!
 //! # Canonical prompt
 //!
@@ -180,12 +181,14 @@ impl fmt::Display for RequestError {
 impl std::error::Error for RequestError {}
 
 /// The most heap [`parse`] allocates for a body of `body_len` bytes (the
-/// body itself not included): twice the body (unescaped strings), the block
-/// hashes, the `tools`/`tool_calls` value budget and a fixed allowance. The
+/// body itself not included): three times the body (a string with escapes
+/// is unescaped into serde_json's scratch buffer, which may grow to twice
+/// its length, and may be copied out once), the block hashes, the
+/// `tools`/`tool_calls` value budget and a fixed allowance. The
 /// bound `tests/hostile_bodies.rs` holds every hostile shape to, and the
 /// per-request term of the VM memory bound in docs/ARCHITECTURE.md.
 pub fn parse_cost_bound(body_len: usize, cfg: &PrefixConfig) -> usize {
-    2 * body_len
+    3 * body_len
         + 16 * cfg.max_blocks()
         + cfg.block_bytes()
         + json_budget::BYTES_PER_NODE * cfg.max_json_nodes
