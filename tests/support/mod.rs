@@ -434,6 +434,22 @@ impl Envoy {
         &self.log
     }
 
+    /// CPU time Envoy has used so far (user + system), from `/proc`.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("Envoy's /proc stat");
+        // Fields after the command name (which may hold spaces): utime and
+        // stime are fields 14 and 15, in clock ticks (100 per second here).
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        Duration::from_millis((f.iter().sum::<u64>()) * 10)
+    }
+
     /// Envoy's resident memory in bytes (`build.sh serve` execs into Envoy,
     /// so the child's pid is Envoy's).
     pub fn rss_bytes(&self) -> u64 {
