@@ -4,13 +4,25 @@
 //! whole prefix before it, like an engine's prefix-cache block keys:
 //!
 //! ```text
-//! h_0 = xxh3_64_with_seed(block_0, seed(model, cache_salt))
-//! h_i = xxh3_64_with_seed(block_i, h_{i-1})            (i >= 1)
+//! c_0 = xxh3_64_with_seed(block_0, 0)
+//! c_i = xxh3_64_with_seed(block_i, c_{i-1})                    (i >= 1)
+//! h_i = xxh3_64_with_seed(c_i as 8 little-endian bytes, seed)  (sealed)
 //! ```
 //!
 //! So equal hashes at position `i` mean (up to 64-bit collisions) an equal
-//! prompt prefix of `(i + 1) * block_bytes` bytes for the same model and
-//! salt, and the index can match prefixes block by block.
+//! prompt prefix of `(i + 1) * block_bytes` bytes under the same seed
+//! (model, cache salt and tools, see [`seed`] and `request`), and the index
+//! can match prefixes block by block.
+//!
+//! Why the seed is applied last: a body may name its model, salt and tools
+//! after its prompt; sealing each chain value at the end lets the request
+//! parser hash the prompt in the one pass that reads it, and costs one small
+//! hash per block.
+//!
+//! Leading blocks: a request may begin with `lead` blocks that stand for
+//! content already captured by the seed (the tool definitions): they are
+//! sealed from their position alone, so every request with the same seed
+//! shares them, as the engine shares the KV of the same tools.
 //!
 //! Why xxh3 with the previous hash as its seed: it is the fastest good
 //! 64-bit hash available in pure Rust (no SIMD needed, so it is also fast on
@@ -32,7 +44,7 @@ use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 /// Domain tag of the seed derivation; bump it when the canonical prompt
 /// format changes so that old and new hashes never mix (in the shared
 /// decision log during a rolling upgrade, for instance).
-const SEED_DOMAIN: &[u8] = b"kvroute/prefix/v1\0";
+const SEED_DOMAIN: &[u8] = b"kvroute/prefix/v2\0";
 
 /// Seed of block 0: distinct per model and cache salt.
 ///
@@ -54,20 +66,39 @@ pub fn seed(model: &str, cache_salt: Option<&str>) -> u64 {
     h.digest()
 }
 
-/// Chained hashes of the full `block_bytes`-sized blocks of `prompt`, at
-/// most `max_blocks`. A trailing partial block is not hashed; `block_bytes`
-/// of 0 yields no blocks.
+/// The seed of a request whose prompt starts with tool definitions: the
+/// model/salt seed with the tools' digest mixed in, so that the same
+/// conversation with other tools shares nothing (as in the engine, where
+/// the tools are rendered at the start of the prompt).
+pub fn seed_with_tools(seed: u64, tools_digest: u64) -> u64 {
+    xxh3_64_with_seed(&tools_digest.to_le_bytes(), seed ^ 0x0074_6f6f_6c73)
+}
+
+/// Sealed chained hashes of the full `block_bytes`-sized blocks of
+/// `prompt`, at most `max_blocks`. A trailing partial block is not hashed;
+/// `block_bytes` of 0 yields no blocks.
 pub fn block_hashes(seed: u64, prompt: &[u8], block_bytes: usize, max_blocks: usize) -> Vec<u64> {
-    let mut h = BlockHasher::new(seed, block_bytes, max_blocks);
+    let mut h = BlockHasher::new(block_bytes, max_blocks);
     h.write(prompt);
-    h.finish()
+    h.finish(seed, 0)
+}
+
+/// Seals one chain value (or leading-block position) with the seed.
+fn seal(value: u64, seed: u64) -> u64 {
+    xxh3_64_with_seed(&value.to_le_bytes(), seed)
+}
+
+/// Chain value of leading block `j`: distinct from any content chain value
+/// (up to 64-bit collisions) by its domain tag.
+fn lead_value(j: usize) -> u64 {
+    xxh3_64_with_seed(b"kvroute/lead", j as u64)
 }
 
 /// Streaming chained block hasher: feed the canonical prompt in pieces of
-/// any size with [`BlockHasher::write`]; the result equals
-/// [`block_hashes`] of the concatenation. Full blocks that lie inside one
-/// piece are hashed in place; only a block straddling two pieces is copied,
-/// into a buffer of at most `block_bytes`.
+/// any size with [`BlockHasher::write`]; [`BlockHasher::finish`] seals the
+/// result, which equals [`block_hashes`] of the concatenation. Full blocks
+/// that lie inside one piece are hashed in place; only a block straddling
+/// two pieces is copied, into a buffer of at most `block_bytes`.
 #[derive(Clone, Debug)]
 pub struct BlockHasher {
     prev: u64,
@@ -80,10 +111,10 @@ pub struct BlockHasher {
 
 impl BlockHasher {
     /// A hasher for blocks of `block_bytes` bytes (0: hash nothing), keeping
-    /// at most `max_blocks` hashes, chained from `seed` (see [`seed`]).
-    pub fn new(seed: u64, block_bytes: usize, max_blocks: usize) -> Self {
+    /// at most `max_blocks` hashes. The seed comes at [`BlockHasher::finish`].
+    pub fn new(block_bytes: usize, max_blocks: usize) -> Self {
         BlockHasher {
-            prev: seed,
+            prev: 0,
             block_bytes,
             max_blocks: if block_bytes == 0 { 0 } else { max_blocks },
             buf: Vec::new(),
@@ -157,15 +188,17 @@ impl BlockHasher {
         self.total
     }
 
-    /// Hashes of the full blocks so far.
-    pub fn hashes(&self) -> &[u64] {
-        &self.hashes
-    }
-
-    /// The chained hashes of all full blocks written (trailing partial block
-    /// dropped).
-    pub fn finish(self) -> Vec<u64> {
-        self.hashes
+    /// The sealed hashes: `lead` leading blocks (see the module doc), then
+    /// the chained hashes of all full blocks written (trailing partial block
+    /// dropped), at most `max_blocks` in all.
+    pub fn finish(self, seed: u64, lead: usize) -> Vec<u64> {
+        let lead = lead.min(self.max_blocks);
+        let content = self.max_blocks - lead;
+        (0..lead)
+            .map(lead_value)
+            .chain(self.hashes.into_iter().take(content))
+            .map(|v| seal(v, seed))
+            .collect()
     }
 }
 
@@ -191,13 +224,13 @@ mod tests {
     /// Reference: the formula, written naively.
     fn naive(seed: u64, prompt: &[u8], bb: usize, max: usize) -> Vec<u64> {
         let mut out = Vec::new();
-        let mut prev = seed;
+        let mut prev = 0;
         if bb == 0 {
             return out;
         }
         for chunk in prompt.chunks_exact(bb).take(max) {
             prev = xxh3_64_with_seed(chunk, prev);
-            out.push(prev);
+            out.push(xxh3_64_with_seed(&prev.to_le_bytes(), seed));
         }
         out
     }
@@ -239,20 +272,20 @@ mod tests {
         let p = text(1000);
         let want = block_hashes(42, &p, 64, 100);
         for piece in [1, 3, 63, 64, 65, 128, 500, 1000] {
-            let mut h = BlockHasher::new(42, 64, 100);
+            let mut h = BlockHasher::new(64, 100);
             for chunk in p.chunks(piece) {
                 h.write(chunk);
             }
             assert_eq!(h.bytes_written(), 1000);
-            assert_eq!(h.finish(), want, "piece {piece}");
+            assert_eq!(h.finish(42, 0), want, "piece {piece}");
         }
         // Capped streaming still counts every byte.
-        let mut h = BlockHasher::new(42, 64, 2);
+        let mut h = BlockHasher::new(64, 2);
         for chunk in p.chunks(10) {
             h.write(chunk);
         }
         assert_eq!(h.bytes_written(), 1000);
-        assert_eq!(h.finish(), want[..2].to_vec());
+        assert_eq!(h.finish(42, 0), want[..2].to_vec());
     }
 
     #[test]
@@ -300,9 +333,34 @@ mod tests {
     #[test]
     fn io_write_feeds_the_hasher() {
         use std::io::Write;
-        let mut h = BlockHasher::new(3, 4, 10);
+        let mut h = BlockHasher::new(4, 10);
         write!(h, "abcdefgh{}", 12).unwrap();
         assert_eq!(h.bytes_written(), 10);
-        assert_eq!(h.finish(), block_hashes(3, b"abcdefgh12", 4, 10));
+        assert_eq!(h.finish(3, 0), block_hashes(3, b"abcdefgh12", 4, 10));
+    }
+
+    #[test]
+    fn leading_blocks_depend_on_the_seed_and_position_only() {
+        let p = text(64 * 6);
+        let hash = |seed, lead, max| {
+            let mut h = BlockHasher::new(64, max);
+            h.write(&p);
+            h.finish(seed, lead)
+        };
+        let plain = hash(1, 0, 100);
+        let led = hash(1, 2, 100);
+        assert_eq!(led.len(), 8);
+        assert_eq!(led[2..], plain[..], "content follows the leading blocks");
+        assert_ne!(led[0], led[1]);
+        assert!(!plain.contains(&led[0]) && !plain.contains(&led[1]));
+        // Shared by every request with the same seed, whatever its content.
+        let mut other = BlockHasher::new(64, 100);
+        other.write(&text(64));
+        assert_eq!(other.finish(1, 2)[..2], led[..2]);
+        assert_ne!(hash(2, 2, 100)[..2], led[..2]);
+        // The cap counts leading blocks; content is cut first.
+        assert_eq!(hash(1, 2, 5), led[..5].to_vec());
+        assert_eq!(hash(1, 7, 5), hash(1, 5, 5));
+        assert_eq!(hash(1, 5, 5)[..2], led[..2]);
     }
 }

@@ -1,13 +1,14 @@
 //! The canonical prompt of `/v1/chat/completions` (format in the parent
-//! module's doc): tools first, then one record per message, each message
-//! and content part written into the hasher as soon as it is read. Once the
+//! module's doc): the tools as a digest that seeds the prompt, then one
+//! record per message, each message and content part written into the
+//! hasher as soon as it is read. Once the
 //! hasher is full, the remaining messages and parts are skipped as spans and
 //! only their length is counted.
 
 use super::json_budget::{Bounded, Budget};
 use super::{read_span, RequestError, Text};
 use crate::prefix::block::BlockHasher;
-use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -18,31 +19,73 @@ use xxhash_rust::xxh3::Xxh3;
 
 pub(super) const END: &[u8] = b"<|end|>\n";
 
-/// Writes the canonical bytes of a chat body's `tools` and `messages` spans.
-pub(super) fn write_chat(
-    h: &mut BlockHasher,
-    tools: Option<&RawValue>,
-    messages: &RawValue,
-    budget: &Budget,
-) -> Result<(), RequestError> {
-    if let Some(tools) = tools {
-        if !tools.get().starts_with('[') {
-            return Err(RequestError::WrongType("tools"));
-        }
-        if let Some(v) = read_value(h, tools, "tools", budget)? {
-            h.write(b"<|tools|>\n");
-            write_json(h, &v);
-            h.write(b"\n");
-            h.write(END);
-        }
+/// The tool definitions of a request, as the prompt's seed sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Tools {
+    /// xxh3 of their canonical text (`<|tools|>\n{compact JSON, keys
+    /// sorted}\n<|end|>\n`).
+    pub(super) digest: u64,
+    /// Length of that text: the prompt bytes they stand for.
+    pub(super) bytes: usize,
+}
+
+/// The `tools` field: `None` when absent, `null` or `[]`. Built as a
+/// budgeted value (its keys are sorted for the canonical text), then only
+/// its digest and length are kept.
+pub(super) struct ToolsSeed<'b>(pub(super) &'b Budget);
+
+impl<'de> DeserializeSeed<'de> for ToolsSeed<'_> {
+    type Value = Option<Tools>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<Tools>, D::Error> {
+        d.deserialize_any(self)
     }
-    let failure = Cell::new(None);
-    let seed = MessagesSeed {
-        h,
-        budget,
-        failure: &failure,
-    };
-    read_span(messages, seed, "messages", &failure)
+}
+
+impl<'de> Visitor<'de> for ToolsSeed<'_> {
+    type Value = Option<Tools>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of tools")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Option<Tools>, E> {
+        Ok(None)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Option<Tools>, A::Error> {
+        let tools = Bounded(self.0).visit_seq(seq)?;
+        if tools.as_array().is_none_or(|a| a.is_empty()) {
+            return Ok(None);
+        }
+        let mut d = Digest::default();
+        d.write_all(b"<|tools|>\n").ok();
+        write_json(&mut d, &tools);
+        d.write_all(b"\n").ok();
+        d.write_all(END).ok();
+        Ok(Some(Tools {
+            digest: d.hash.digest(),
+            bytes: d.bytes,
+        }))
+    }
+}
+
+/// An `io::Write` that hashes and counts what is written.
+#[derive(Default)]
+struct Digest {
+    hash: Xxh3,
+    bytes: usize,
+}
+
+impl Write for Digest {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.hash.update(buf);
+        self.bytes += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Reads a `tools` / `tool_calls` span as a budgeted value: `None` when it
@@ -72,34 +115,39 @@ fn read_value(
     })
 }
 
-fn write_json(h: &mut BlockHasher, v: &Value) {
+fn write_json(h: &mut impl Write, v: &Value) {
     // Value maps are sorted (BTreeMap), so the text is stable whatever the
     // client's key order. Writing into the hasher cannot fail.
     let _ = serde_json::to_writer(h, v);
 }
 
-/// The `messages` array.
-struct MessagesSeed<'h, 'c> {
-    h: &'h mut BlockHasher,
-    budget: &'c Budget,
-    failure: &'c Cell<Option<RequestError>>,
+/// The `messages` field, hashed as it is read: `true` when it holds at
+/// least one message (`null` and `[]` do not).
+pub(super) struct MessagesSeed<'h, 'c> {
+    pub(super) h: &'h mut BlockHasher,
+    pub(super) budget: &'c Budget,
+    pub(super) failure: &'c Cell<Option<RequestError>>,
 }
 
 impl<'de> DeserializeSeed<'de> for MessagesSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for MessagesSeed<'_, '_> {
-    type Value = ();
+    type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of messages")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
         let mut count = 0usize;
         loop {
             if self.h.is_full() {
@@ -108,18 +156,18 @@ impl<'de> Visitor<'de> for MessagesSeed<'_, '_> {
                     None => break,
                 }
             } else {
-                match seq.next_element::<Message<'de>>()? {
-                    Some(m) => write_message(self.h, &m, self.budget, self.failure)
-                        .map_err(|e| fail(self.failure, e))?,
-                    None => break,
+                let seed = MessageSeed {
+                    h: &mut *self.h,
+                    budget: self.budget,
+                    failure: self.failure,
+                };
+                if seq.next_element_seed(seed)?.is_none() {
+                    break;
                 }
             }
             count += 1;
         }
-        if count == 0 {
-            return Err(fail(self.failure, RequestError::MissingPrompt));
-        }
-        Ok(())
+        Ok(count > 0)
     }
 }
 
@@ -130,50 +178,130 @@ fn fail<E: de::Error>(failure: &Cell<Option<RequestError>>, e: RequestError) -> 
     unwind
 }
 
-/// One chat message: only the fields that reach the prompt. Content and
-/// tool calls stay spans until the role, name and id are written.
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    role: Text<'a>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    name: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    tool_call_id: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
+/// One chat message, written as it is read: its content is hashed
+/// straight from the body wherever it stands among the message's keys;
+/// role, name, tool call id and tool calls (small) are kept and written
+/// after it.
+struct MessageSeed<'h, 'c> {
+    h: &'h mut BlockHasher,
+    budget: &'c Budget,
+    failure: &'c Cell<Option<RequestError>>,
 }
 
-fn write_message(
-    h: &mut BlockHasher,
-    m: &Message<'_>,
-    budget: &Budget,
-    failure: &Cell<Option<RequestError>>,
-) -> Result<(), RequestError> {
-    h.write(b"<|");
-    h.write(m.role.0.as_bytes());
-    if let Some(Text(name)) = &m.name {
-        h.write(b" name=");
-        h.write(name.as_bytes());
-    }
-    if let Some(Text(id)) = &m.tool_call_id {
-        h.write(b" tool_call_id=");
-        h.write(id.as_bytes());
-    }
-    h.write(b"|>\n");
-    if let Some(content) = m.content {
-        read_span(content, ContentSeed { h: &mut *h }, "messages", failure)?;
-    }
-    if let Some(calls) = m.tool_calls {
-        if let Some(v) = read_value(h, calls, "messages", budget)? {
-            h.write(b"<|tool_calls|>");
-            write_json(h, &v);
+enum MessageField {
+    Role,
+    Content,
+    Name,
+    ToolCallId,
+    ToolCalls,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for MessageField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = MessageField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a message field name")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<MessageField, E> {
+                Ok(match s {
+                    "role" => MessageField::Role,
+                    "content" => MessageField::Content,
+                    "name" => MessageField::Name,
+                    "tool_call_id" => MessageField::ToolCallId,
+                    "tool_calls" => MessageField::ToolCalls,
+                    _ => MessageField::Other,
+                })
+            }
         }
+        d.deserialize_identifier(V)
     }
-    h.write(END);
+}
+
+impl<'de> DeserializeSeed<'de> for MessageSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+/// Fails with serde's duplicate-field error when `seen` is already set.
+fn once<E: de::Error>(seen: &mut bool, field: &'static str) -> Result<(), E> {
+    if std::mem::replace(seen, true) {
+        return Err(E::duplicate_field(field));
+    }
     Ok(())
+}
+
+impl<'de> Visitor<'de> for MessageSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a message object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let h = self.h;
+        let (mut content, mut has_name, mut has_id, mut has_calls) = (false, false, false, false);
+        let mut role: Option<Text<'de>> = None;
+        let (mut name, mut id): (Option<Text<'de>>, Option<Text<'de>>) = (None, None);
+        let mut calls: Option<&'de RawValue> = None;
+        while let Some(key) = map.next_key::<MessageField>()? {
+            match key {
+                MessageField::Role => {
+                    if role.is_some() {
+                        return Err(de::Error::duplicate_field("role"));
+                    }
+                    role = Some(map.next_value()?);
+                }
+                MessageField::Content => {
+                    once(&mut content, "content")?;
+                    map.next_value_seed(ContentSeed { h: &mut *h })?;
+                }
+                MessageField::Name => {
+                    once(&mut has_name, "name")?;
+                    name = map.next_value()?;
+                }
+                MessageField::ToolCallId => {
+                    once(&mut has_id, "tool_call_id")?;
+                    id = map.next_value()?;
+                }
+                MessageField::ToolCalls => {
+                    once(&mut has_calls, "tool_calls")?;
+                    calls = map.next_value()?;
+                }
+                MessageField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let Some(Text(role)) = role else {
+            return Err(de::Error::missing_field("role"));
+        };
+        h.write(b"<|");
+        h.write(role.as_bytes());
+        if let Some(Text(name)) = name {
+            h.write(b" name=");
+            h.write(name.as_bytes());
+        }
+        if let Some(Text(id)) = id {
+            h.write(b" tool_call_id=");
+            h.write(id.as_bytes());
+        }
+        h.write(b"|>");
+        if let Some(calls) = calls {
+            let v =
+                read_value(h, calls, "messages", self.budget).map_err(|e| fail(self.failure, e))?;
+            if let Some(v) = v {
+                h.write(b"<|tool_calls|>");
+                write_json(h, &v);
+            }
+        }
+        h.write(END);
+        Ok(())
+    }
 }
 
 /// Message content: a string or a list of content parts.
@@ -197,6 +325,11 @@ impl<'de> Visitor<'de> for ContentSeed<'_> {
 
     fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
         self.h.write(s.as_bytes());
+        Ok(())
+    }
+
+    /// `"content": null` (an assistant message with tool calls only).
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
         Ok(())
     }
 

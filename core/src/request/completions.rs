@@ -2,27 +2,14 @@
 //! (a batch), a list of token ids, or a list of token-id lists, written
 //! into the hasher item by item as it is read (no vector of items or ids).
 
-use super::{read_span, RequestError};
 use crate::prefix::block::BlockHasher;
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
-use serde_json::value::RawValue;
-use std::cell::Cell;
 use std::fmt;
 
 /// Separates the prompts of a batch.
 pub(super) const NEXT_PROMPT: &[u8] = b"\n<|next_prompt|>\n";
 /// Opens a token-id prompt (each id follows as 4 little-endian bytes).
 pub(super) const TOKEN_IDS: &[u8] = b"<|token_ids|>";
-
-/// Writes the canonical bytes of a `prompt` span.
-pub(super) fn write_prompt(h: &mut BlockHasher, prompt: &RawValue) -> Result<(), RequestError> {
-    let failure = Cell::new(None);
-    let seed = PromptSeed {
-        h,
-        failure: &failure,
-    };
-    read_span(prompt, seed, "prompt", &failure)
-}
 
 /// The kind of a prompt list's items (a list must not mix them).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,31 +19,36 @@ enum Items {
     IdLists,
 }
 
-struct PromptSeed<'h, 'f> {
-    h: &'h mut BlockHasher,
-    failure: &'f Cell<Option<RequestError>>,
+/// The `prompt` field, hashed as it is read: `true` when it holds a
+/// prompt (`null` and `[]` do not).
+pub(super) struct PromptSeed<'h> {
+    pub(super) h: &'h mut BlockHasher,
 }
 
-impl<'de> DeserializeSeed<'de> for PromptSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+impl<'de> DeserializeSeed<'de> for PromptSeed<'_> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for PromptSeed<'_, '_> {
-    type Value = ();
+impl<'de> Visitor<'de> for PromptSeed<'_> {
+    type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a string, a list of strings or token ids")
     }
 
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
-        self.h.write(s.as_bytes());
-        Ok(())
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<bool, E> {
+        self.h.write(s.as_bytes());
+        Ok(true)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
         let mut kind = None;
         while seq
             .next_element_seed(ItemSeed {
@@ -65,12 +57,7 @@ impl<'de> Visitor<'de> for PromptSeed<'_, '_> {
             })?
             .is_some()
         {}
-        if kind.is_none() {
-            // `[]` is no prompt at all.
-            self.failure.set(Some(RequestError::MissingPrompt));
-            return Err(de::Error::custom("empty prompt list"));
-        }
-        Ok(())
+        Ok(kind.is_some())
     }
 }
 

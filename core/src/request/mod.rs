@@ -5,19 +5,18 @@
 //! needs, never the body's shape: wasm linear memory never shrinks, and one
 //! crafted body must not grow a VM for good.
 //!
-//! # How a body is read: two streaming passes, nothing materialized
+//! # How a body is read: one streaming pass, nothing materialized
 //!
-//! 1. The top-level object is scanned once; `model`, `cache_salt` and
-//!    `stream` are read (borrowed), and the prompt fields (`prompt`,
-//!    `messages`, `tools`) are kept as borrowed spans of the body
-//!    ([`RawValue`]s). Everything else is skipped unread. Spans are needed
-//!    because block 0 is seeded with the model and salt, which may come
-//!    after the prompt in the body, and because the tools come first in the
-//!    canonical prompt wherever they stand in the body.
-//! 2. The spans are parsed in canonical order, and each message, content
-//!    part and prompt item is written into the streaming [`BlockHasher`] as
-//!    soon as it is read, then dropped: no vector of messages or parts, no
-//!    [`serde_json::Value`] of the body.
+//! The body is read once, and the prompt is hashed as it is read: each
+//! message, content part and prompt item goes into the streaming
+//! [`BlockHasher`] and is dropped, so there is no vector of messages or
+//! parts and no [`serde_json::Value`] of the body. What the block hashes
+//! depend on but may come after the prompt in the body (`model`,
+//! `cache_salt`, `tools`) goes into the seed, which seals the hashes at the
+//! end (see [`crate::prefix::block`]). Within a message, the content is
+//! hashed straight from the body wherever it stands among the message's
+//! keys: the role, name, tool call id and tool calls, small, follow it in
+//! the canonical prompt, so they never hold it back.
 //!
 //! Only `tools` and `tool_calls` are built as values (their keys are sorted
 //! for the canonical text), under a budget of `prefix.max_json_nodes` JSON
@@ -26,11 +25,11 @@
 //! the remaining messages and parts are skipped as spans and only their raw
 //! length is counted (so `prompt_bytes` is an estimate past the cap).
 //!
-//! Cost per body: each byte is scanned at most three times (body, message,
-//! content), and the heap peak is at most [`parse_cost_bound`]: three times
-//! the body (a JSON-escaped string is unescaped into serde_json's growing
-//! scratch buffer and may be copied once), the hash vector, and the value
-//! budget.
+//! Cost per body: each byte is scanned once (tool calls and what lies past
+//! the cap twice), and the heap peak is at
+//! most [`parse_cost_bound`]: three times the body (a JSON-escaped string is
+//! unescaped into serde_json's growing scratch buffer and may be copied
+//! once), the hash vector, and the value budget.
 //!
 //! # Canonical prompt
 //!
@@ -45,13 +44,16 @@
 //! Chat (`/v1/chat/completions`):
 //!
 //! ```text
-//! [<|tools|>\n{tools as compact JSON, keys sorted}\n<|end|>\n]   only if tools is a non-empty array
+//! [<|tools|>\n{tools as compact JSON, keys sorted}\n<|end|>\n]   only if tools is a non-empty array:
+//!                                 not hashed as bytes but as the seed (its xxh3 mixed into
+//!                                 the model/salt seed) and as len / block_bytes leading
+//!                                 blocks shared by all requests with the same tools
 //! per message:
-//! <|{role}[ name={name}][ tool_call_id={id}]|>\n
 //! {content}                       string, or the parts joined by "\n":
 //!                                 text / input_text / output_text -> text,
 //!                                 refusal -> refusal text,
 //!                                 anything else -> <|{type}:{16 hex xxh3 of its payload}|>
+//! <|{role}[ name={name}][ tool_call_id={id}]|>
 //! [<|tool_calls|>{tool_calls as compact JSON, keys sorted}]
 //! <|end|>\n
 //! ```
@@ -70,9 +72,10 @@
 //! request) is its items joined by `\n<|next_prompt|>\n`, so a one-item list
 //! equals the item.
 //!
-//! Block 0 is seeded with the model and `cache_salt`
-//! ([`crate::prefix::seed`]). Only the first `max_prompt_tokens` worth of
-//! blocks is hashed; `prompt_bytes` counts the whole canonical prompt.
+//! The hashes are sealed with the model and `cache_salt`
+//! ([`crate::prefix::seed`]) and the tools' digest. Only the first
+//! `max_prompt_tokens` worth of blocks is hashed; `prompt_bytes` counts the
+//! whole canonical prompt, tools included.
 //!
 //! # Bad input
 //!
@@ -93,7 +96,7 @@ mod json_budget;
 mod tests;
 
 use crate::config::PrefixConfig;
-use crate::prefix::block::{seed, BlockHasher};
+use crate::prefix::block::{seed, seed_with_tools, BlockHasher};
 use json_budget::Budget;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
@@ -204,44 +207,53 @@ pub fn parse(
     let text = std::str::from_utf8(body)
         .map_err(|_| RequestError::InvalidJson("body is not UTF-8".into()))?;
     let field = Cell::new("body");
+    let failure = Cell::new(None);
+    let budget = Budget::new(cfg.max_json_nodes);
+    let mut h = BlockHasher::new(cfg.block_bytes(), cfg.max_blocks());
     let mut de = serde_json::Deserializer::from_str(text);
     let parsed = BodySeed {
         kind,
+        cfg,
+        text_len: text.len(),
         field: &field,
+        failure: &failure,
+        budget: &budget,
+        h: &mut h,
     }
     .deserialize(&mut de)
     .and_then(|b| de.end().map(|()| b));
-    let body = parsed.map_err(|e| classify(e, field.get()))?;
+    let body = parsed.map_err(|e| {
+        failure.take().unwrap_or_else(|| {
+            if budget.exceeded() {
+                RequestError::TooComplex
+            } else {
+                classify(e, field.get())
+            }
+        })
+    })?;
+    if !body.prompt {
+        return Err(RequestError::MissingPrompt);
+    }
 
     // vLLM and SGLang serve a request without `model` with their default
     // model: such requests share the namespace of the empty model name
     // rather than losing prefix affinity.
     let model = body.model.map_or(Cow::Borrowed(""), |Text(m)| m);
     let salt = body.cache_salt.map(|Text(s)| s);
-    let mut h = BlockHasher::new(
-        seed(&model, salt.as_deref()),
-        cfg.block_bytes(),
-        cfg.max_blocks(),
-    );
-    // The canonical prompt is about as long as the body, never much longer.
-    h.reserve_for(text.len());
-    match kind {
-        ApiKind::Completions => {
-            let prompt = body.prompt.ok_or(RequestError::MissingPrompt)?;
-            completions::write_prompt(&mut h, prompt)?;
-        }
-        ApiKind::ChatCompletions => {
-            let messages = body.messages.ok_or(RequestError::MissingPrompt)?;
-            let budget = Budget::new(cfg.max_json_nodes);
-            chat::write_chat(&mut h, body.tools, messages, &budget)?;
-        }
+    let mut seed = seed(&model, salt.as_deref());
+    let mut prompt_bytes = h.bytes_written();
+    let mut lead = 0;
+    if let Some(tools) = body.tools {
+        seed = seed_with_tools(seed, tools.digest);
+        prompt_bytes += tools.bytes;
+        lead = tools.bytes.checked_div(cfg.block_bytes()).unwrap_or(0);
     }
     Ok(InferenceRequest {
         model: model.into_owned(),
         cache_salt: salt.map(Cow::into_owned),
         stream: body.stream.unwrap_or(false),
-        prompt_bytes: h.bytes_written(),
-        blocks: h.finish(),
+        prompt_bytes,
+        blocks: h.finish(seed, lead),
     })
 }
 
@@ -254,8 +266,8 @@ fn classify(e: serde_json::Error, field: &'static str) -> RequestError {
     }
 }
 
-/// Runs `seed` over one span of the body (a field kept by the first pass)
-/// and maps its errors to `field`. A seed that fails for a reason of its
+/// Runs `seed` over one span of the body (a message's tool calls, kept
+/// until its content is written) and maps its errors to `field`. A seed that fails for a reason of its
 /// own (budget, missing prompt) leaves it in `failure`, which wins over
 /// serde_json's error used to unwind.
 fn read_span<'de, S: DeserializeSeed<'de>>(
@@ -270,7 +282,7 @@ fn read_span<'de, S: DeserializeSeed<'de>>(
 }
 
 // ---------------------------------------------------------------------------
-// The first pass: the top-level object
+// The top-level object
 
 /// A JSON string, borrowed from the body unless it had escapes.
 #[derive(Debug)]
@@ -296,22 +308,38 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
 }
 
 /// The top-level fields kvroute reads; everything else is skipped unread.
-/// The prompt fields stay unparsed spans of the body until the second pass.
+/// The prompt itself goes straight into the hasher.
 #[derive(Default)]
 struct Body<'a> {
     model: Option<Text<'a>>,
     cache_salt: Option<Text<'a>>,
     stream: Option<bool>,
-    prompt: Option<&'a RawValue>,
-    messages: Option<&'a RawValue>,
-    tools: Option<&'a RawValue>,
+    /// A non-empty `prompt` / `messages` was read.
+    prompt: bool,
+    tools: Option<chat::Tools>,
 }
 
-/// Parses the top-level object, recording in `field` which top-level field
-/// is being read so a type error can name it.
-struct BodySeed<'c> {
+/// Parses the top-level object, hashing the prompt as it is read and
+/// recording in `field` which top-level field is being read so a type error
+/// can name it.
+struct BodySeed<'c, 'h> {
     kind: ApiKind,
+    cfg: &'c PrefixConfig,
+    text_len: usize,
     field: &'c Cell<&'static str>,
+    failure: &'c Cell<Option<RequestError>>,
+    budget: &'c Budget,
+    h: &'h mut BlockHasher,
+}
+
+impl BodySeed<'_, '_> {
+    /// A fresh hasher for a prompt field (a duplicate key replaces the
+    /// earlier one: the last one wins).
+    fn start_prompt(&mut self) {
+        *self.h = BlockHasher::new(self.cfg.block_bytes(), self.cfg.max_blocks());
+        // The canonical prompt is about as long as the body, never much longer.
+        self.h.reserve_for(self.text_len);
+    }
 }
 
 enum Field {
@@ -348,21 +376,21 @@ impl<'de> Deserialize<'de> for Field {
     }
 }
 
-impl<'de> DeserializeSeed<'de> for BodySeed<'_> {
+impl<'de> DeserializeSeed<'de> for BodySeed<'_, '_> {
     type Value = Body<'de>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Body<'de>, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for BodySeed<'_> {
+impl<'de> Visitor<'de> for BodySeed<'_, '_> {
     type Value = Body<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Body<'de>, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Body<'de>, A::Error> {
         let chat = self.kind == ApiKind::ChatCompletions;
         let mut b = Body::default();
         while let Some(key) = map.next_key::<Field>()? {
@@ -381,15 +409,21 @@ impl<'de> Visitor<'de> for BodySeed<'_> {
                 }
                 Field::Prompt if !chat => {
                     self.field.set("prompt");
-                    b.prompt = map.next_value()?;
+                    self.start_prompt();
+                    b.prompt = map.next_value_seed(completions::PromptSeed { h: &mut *self.h })?;
                 }
                 Field::Messages if chat => {
                     self.field.set("messages");
-                    b.messages = map.next_value()?;
+                    self.start_prompt();
+                    b.prompt = map.next_value_seed(chat::MessagesSeed {
+                        h: &mut *self.h,
+                        budget: self.budget,
+                        failure: self.failure,
+                    })?;
                 }
                 Field::Tools if chat => {
                     self.field.set("tools");
-                    b.tools = map.next_value()?;
+                    b.tools = map.next_value_seed(chat::ToolsSeed(self.budget))?;
                 }
                 _ => {
                     self.field.set("body");

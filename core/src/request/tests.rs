@@ -2,7 +2,7 @@
 
 use super::completions::{NEXT_PROMPT, TOKEN_IDS};
 use super::*;
-use crate::prefix::block::block_hashes;
+use crate::prefix::block::{seed_with_tools, BlockHasher};
 use serde_json::{json, Value};
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -26,8 +26,21 @@ fn p(kind: ApiKind, body: &str) -> Result<InferenceRequest, RequestError> {
 
 /// Asserts that `body` canonicalizes to exactly `want`.
 fn assert_canonical(kind: ApiKind, body: &str, want: &[u8]) {
+    assert_canonical_with_tools(kind, body, None, want);
+}
+
+/// Asserts that `body` has the tools text `tools` (which seeds the prompt
+/// and stands for its leading blocks) and the canonical messages `want`.
+fn assert_canonical_with_tools(kind: ApiKind, body: &str, tools: Option<&[u8]>, want: &[u8]) {
     let r = p(kind, body).unwrap_or_else(|e| panic!("{body}: {e}"));
-    let expect = block_hashes(seed(&r.model, r.cache_salt.as_deref()), want, 1, usize::MAX);
+    let mut seed = seed(&r.model, r.cache_salt.as_deref());
+    let lead = tools.map_or(0, |t| t.len());
+    if let Some(t) = tools {
+        seed = seed_with_tools(seed, xxhash_rust::xxh3::xxh3_64(t));
+    }
+    let mut h = BlockHasher::new(1, usize::MAX);
+    h.write(want);
+    let expect = h.finish(seed, lead);
     let same = r
         .blocks
         .iter()
@@ -35,7 +48,7 @@ fn assert_canonical(kind: ApiKind, body: &str, want: &[u8]) {
         .take_while(|(a, b)| a == b)
         .count();
     assert!(
-        r.blocks == expect && r.prompt_bytes == want.len(),
+        r.blocks == expect && r.prompt_bytes == lead + want.len(),
         "{body}\n first differing byte {same} of want {:?}",
         String::from_utf8_lossy(want)
     );
@@ -107,67 +120,74 @@ fn chat_message_shapes() {
     let cases: Vec<(&str, &str)> = vec![
         (
             r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
-            "<|user|>\nhi<|end|>\n",
+            "hi<|user|><|end|>\n",
         ),
         (
             r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
-            "<|user|>\nhi<|end|>\n",
+            "hi<|user|><|end|>\n",
         ),
         (
             r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"developer","content":"d"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_text","text":"b"}]}]}"#,
-            "<|system|>\ns<|end|>\n<|developer|>\nd<|end|>\n<|user|>\na\nb<|end|>\n",
+            "s<|system|><|end|>\nd<|developer|><|end|>\na\nb<|user|><|end|>\n",
         ),
         (
             r#"{"model":"m","messages":[{"role":"user","name":"bob","content":"x"},{"role":"assistant","content":[{"type":"refusal","refusal":"no"}]}]}"#,
-            "<|user name=bob|>\nx<|end|>\n<|assistant|>\nno<|end|>\n",
+            "x<|user name=bob|><|end|>\nno<|assistant|><|end|>\n",
         ),
         (
             r#"{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","id":"c1","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"}]}"#,
             concat!(
-                "<|assistant|>\n<|tool_calls|>",
+                "<|assistant|><|tool_calls|>",
                 r#"[{"function":{"arguments":"{\"a\":1}","name":"f"},"id":"c1","type":"function"}]"#,
-                "<|end|>\n<|tool tool_call_id=c1|>\n42<|end|>\n"
-            ),
-        ),
-        (
-            r#"{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"q"}]}"#,
-            concat!(
-                "<|tools|>\n",
-                r#"[{"function":{"name":"f"},"type":"function"}]"#,
-                "\n<|end|>\n<|user|>\nq<|end|>\n"
+                "<|end|>\n42<|tool tool_call_id=c1|><|end|>\n"
             ),
         ),
         // Empty / null tools and tool_calls are like absent ones.
         (
             r#"{"model":"m","tools":[],"messages":[{"role":"assistant","content":"a","tool_calls":[]}]}"#,
-            "<|assistant|>\na<|end|>\n",
+            "a<|assistant|><|end|>\n",
         ),
         (
             r#"{"model":"m","tools":null,"messages":[{"role":"assistant","tool_calls":null}]}"#,
-            "<|assistant|>\n<|end|>\n",
+            "<|assistant|><|end|>\n",
         ),
         // Fields of the other API and unknown fields are ignored.
         (
             r#"{"model":"m","prompt":"nope","x":{"y":[1,2]},"messages":[{"role":"user","content":"hi","extra":1}]}"#,
-            "<|user|>\nhi<|end|>\n",
+            "hi<|user|><|end|>\n",
         ),
     ];
     for (body, want) in cases {
         assert_canonical(CHAT, body, want.as_bytes());
+    }
+    // Tools seed the prompt and stand for its leading blocks, wherever
+    // they are in the body.
+    let tools = concat!(
+        "<|tools|>\n",
+        r#"[{"function":{"name":"f"},"type":"function"}]"#,
+        "\n<|end|>\n"
+    );
+    for body in [
+        r#"{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"q"}]}"#,
+        r#"{"messages":[{"role":"user","content":"q"}],"model":"m","tools":[{"function":{"name":"f"},"type":"function"}]}"#,
+    ] {
+        assert_canonical_with_tools(CHAT, body, Some(tools.as_bytes()), b"q<|user|><|end|>\n");
     }
 }
 
 #[test]
 fn fixture_turn1_pins_the_format() {
     let body = include_str!("../../../tests/fixtures/requests/chat-tools-turn1.json");
-    let want = concat!(
+    let tools = concat!(
         "<|tools|>\n",
         r#"[{"function":{"description":"Current weather for a city","name":"get_weather","parameters":{"properties":{"city":{"type":"string"},"unit":{"enum":["celsius","fahrenheit"],"type":"string"}},"required":["city"],"type":"object"}},"type":"function"}]"#,
         "\n<|end|>\n",
-        "<|system|>\nYou are a helpful assistant. Use the tools when they help.\nAnswer in one sentence.<|end|>\n",
-        "<|user|>\nWhat's the weather in Paris right now, in °C?<|end|>\n",
     );
-    assert_canonical(CHAT, body, want.as_bytes());
+    let want = concat!(
+        "You are a helpful assistant. Use the tools when they help.\nAnswer in one sentence.<|system|><|end|>\n",
+        "What's the weather in Paris right now, in °C?<|user|><|end|>\n",
+    );
+    assert_canonical_with_tools(CHAT, body, Some(tools.as_bytes()), want.as_bytes());
     let r = p(CHAT, body).unwrap();
     assert_eq!(r.model, "Qwen/Qwen2.5-7B-Instruct");
     assert!(r.stream);
@@ -197,8 +217,8 @@ fn fixtures_parse() {
     let r = p(CHAT, vision).unwrap();
     assert_eq!(r.cache_salt.as_deref(), Some("tenant-42"));
     assert!(!r.stream);
-    let d = "<|developer|>\nDescribe images precisely.<|end|>\n".len();
-    let u = "<|user|>\nWhat is in this image?\n<|image_url:0123456789abcdef|>\n<|image_url:0123456789abcdef|><|end|>\n".len();
+    let d = "Describe images precisely.<|developer|><|end|>\n".len();
+    let u = "What is in this image?\n<|image_url:0123456789abcdef|>\n<|image_url:0123456789abcdef|><|user|><|end|>\n".len();
     assert_eq!(r.prompt_bytes, d + u, "media parts are fixed-size digests");
 
     let toks = include_str!("../../../tests/fixtures/requests/completions-tokens.json");
@@ -301,11 +321,11 @@ fn chat_turn_n_plus_one_extends_turn_n() {
             }
         }
     }
-    // Tools change everything after them: they come first.
+    // Tools change everything after them: they come first (in the seed).
     let with = p(CHAT, &conversation_turns(true)[0]).unwrap();
     let without = p(CHAT, &conversation_turns(false)[0]).unwrap();
-    assert_eq!(with.blocks[..2], without.blocks[..2]); // "<|"
-    assert_ne!(with.blocks[2], without.blocks[2]); // "t" (tools) vs "s" (system)
+    assert!(with.blocks.iter().all(|b| !without.blocks.contains(b)));
+    assert!(with.prompt_bytes > without.prompt_bytes);
 }
 
 #[test]
@@ -634,7 +654,7 @@ fn past_the_cap_elements_are_counted_not_read() {
     assert_eq!(r.blocks.len(), 8);
     assert_eq!(
         r.prompt_bytes,
-        "<|user|>\n".len() + 40 + 1 + r#"{"bad":[]}"#.len() + "<|end|>\n".len()
+        40 + 1 + r#"{"bad":[]}"#.len() + "<|user|><|end|>\n".len()
     );
     // Before the cap the same malformed message is a type error.
     let early = format!(r#"{{"model":"m","messages":[{tail},{head}]}}"#);
@@ -642,4 +662,27 @@ fn past_the_cap_elements_are_counted_not_read() {
         parse(CHAT, early.as_bytes(), &cfg),
         Err(RequestError::WrongType("messages"))
     );
+}
+
+#[test]
+fn message_field_order_does_not_matter() {
+    let want = "42<|tool name=n tool_call_id=c1|><|tool_calls|>[1]<|end|>\n";
+    for body in [
+        r#"{"model":"m","messages":[{"role":"tool","content":"42","name":"n","tool_call_id":"c1","tool_calls":[1]}]}"#,
+        r#"{"model":"m","messages":[{"tool_calls":[1],"content":"42","tool_call_id":"c1","name":"n","role":"tool"}]}"#,
+        r#"{"model":"m","messages":[{"name":"n","role":"tool","x":{"y":1},"tool_call_id":"c1","content":"42","tool_calls":[1]}]}"#,
+    ] {
+        assert_canonical(CHAT, body, want.as_bytes());
+    }
+    for body in [
+        r#"{"model":"m","messages":[{"role":"a","role":"b","content":"x"}]}"#,
+        r#"{"model":"m","messages":[{"content":"x","role":"a","content":"y"}]}"#,
+        r#"{"model":"m","messages":[{"role":"a","name":"x","name":"y"}]}"#,
+    ] {
+        assert_eq!(
+            p(CHAT, body),
+            Err(RequestError::WrongType("messages")),
+            "{body}"
+        );
+    }
 }
