@@ -101,9 +101,10 @@ fn non_inference_and_unparsable_requests_still_pass() {
     let r = get(&envoy.url("/v1/models"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.pod().is_some());
+    // Off the default allow-list (tests/edge.rs has the path policy).
     let r = get(&envoy.url("/health"));
-    assert_eq!(r.status, 200);
-    assert!(r.pod().is_some());
+    assert_eq!(r.status, 404);
+    assert!(r.pod().is_none());
 
     // Not JSON: still routed (the pod answers 400 itself).
     let r = post_raw(
