@@ -273,13 +273,19 @@ fn an_upstream_error_body_passes_untouched() {
 }
 
 #[test]
-fn http2_and_trailers_route_like_http1() {
+fn http2_and_trailers_route_like_http1_original_dst() {
+    parity("original_dst");
+}
+
+#[test]
+fn http2_and_trailers_route_like_http1_override_host() {
+    parity("override_host");
+}
+
+fn parity(handoff: &str) {
     let sim = Sim::start(3, &["--time-scale", "0.01"]);
-    let envoy = Envoy::start(
-        &sim.endpoints(),
-        json!({"debug_header": "x-kvroute-debug"}),
-        2,
-    );
+    let config = json!({"debug_header": "x-kvroute-debug", "handoff": handoff});
+    let envoy = Envoy::start(&sim.endpoints(), config, 2);
     let path = "/v1/chat/completions";
     for c in 0..4 {
         let tag = format!("conv{c}");
