@@ -243,7 +243,7 @@ fn body_too_large_for_envoys_buffer_gives_json_413() {
     // default max_body_bytes (8 MiB): kvroute holds the body, Envoy's
     // buffer overflows first.
     let envoy = Envoy::start_with(&sim.endpoints(), json!({}), 1, &["--buffer-limit", "65536"]);
-    let big = json!({"model": MODEL, "max_tokens": 2, "prompt": "x".repeat(1 << 20)});
+    let big = json!({"model": MODEL, "max_tokens": 2, "prompt": "x".repeat(256 << 10)});
     let r = post_json(&envoy.url("/v1/completions"), &big);
     assert_eq!(r.status, 413, "{}", r.body);
     assert_eq!(json_error(&r), "request_too_large");
