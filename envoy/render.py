@@ -109,7 +109,7 @@ def render(args) -> str:
         # the rest stream; one socket read can land a whole window past that
         # point before the filter runs, so the buffer holds twice the body
         # (plus headers). Bodies up to this limit are always served.
-        "buffer_limit_bytes": 2 * max_body + 64 * 1024,
+        "buffer_limit_bytes": args.buffer_limit or 2 * max_body + 64 * 1024,
         "route_idle_timeout": args.idle_timeout,
     }
     filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", values)]
@@ -130,6 +130,7 @@ def render(args) -> str:
         http_filters=indent("\n".join(filters), 18),
         clusters=indent("\n".join(clusters), 4),
         retry_policy=retry,
+        local_reply=indent(fragment("local_reply.yaml.tmpl", values), 16),
     )
     with open(args.template) as f:
         return string.Template(f.read()).substitute(values)
@@ -145,6 +146,9 @@ def main(argv=None):
     p.add_argument("--idle-timeout", default="300s", help="route idle timeout (longest silence in a stream)")
     p.add_argument("--lb", choices=["kvroute", "round_robin", "least_request"], default="kvroute",
                    help="kvroute, or a plain Envoy baseline without the filter (for comparisons)")
+    p.add_argument("--buffer-limit", type=int,
+                   help="listener/route buffer in bytes (default 2 x max_body_bytes + 64 KiB); a smaller one "
+                        "reproduces gateways with small buffers (Istio): larger bodies get Envoy's 413")
     p.add_argument("--eds-file", help="take cluster members from this EDS file (watched; live discovery)")
     p.add_argument("--wasm", default=DEFAULT_WASM)
     p.add_argument("--template", default=os.path.join(HERE, "kvroute.yaml.tmpl"))

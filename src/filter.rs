@@ -2,12 +2,15 @@
 //! the core:
 //!
 //! 1. headers: remove every client-supplied copy of the destination header
-//!    (no client can steer); inference requests (`POST` to an OpenAI path
-//!    with a body) are held (`Pause`, which Envoy honours because the plugin
-//!    sets `allow_on_headers_stop_iteration`); everything else is routed by
-//!    load at once;
-//! 2. body: wait for the whole body (up to `max_body_bytes`), parse it, route,
-//!    write the chosen endpoint into the destination header, release;
+//!    (no client can steer); a path off the allow-list (`allowed_paths`) is
+//!    answered here with a JSON 404 and never reaches a pod; inference
+//!    requests (`POST` to an OpenAI path with a body) are held (`Pause`,
+//!    which Envoy honours because the plugin sets
+//!    `allow_on_headers_stop_iteration`); everything else is routed by load
+//!    at once;
+//! 2. body: wait for the whole body (up to `max_body_bytes`; it is complete at
+//!    end of stream or when trailers arrive), parse it, route, write the
+//!    chosen endpoint into the destination header, release;
 //! 3. response: its status feeds passive health (consecutive 5xx eject the
 //!    endpoint); the first body chunk means the prefill is over (release the
 //!    in-flight tokens); the stream itself passes untouched;
@@ -15,14 +18,18 @@
 //!
 //! Fail-open, decided once here: a body the core cannot understand, or one
 //! larger than `max_body_bytes`, is still routed (by load) and counted. Only
-//! an empty pool answers 503 with ORIGINAL_DST handoff; with override_host
-//! the request goes on without a destination and Envoy's fallback policy
-//! picks a cluster member.
+//! an empty pool answers (JSON 503 with `Retry-After`) with ORIGINAL_DST
+//! handoff; with override_host the request goes on without a destination and
+//! Envoy's fallback policy picks a cluster member. kvroute's own replies are
+//! built by `kvroute_core::error_reply`; Envoy's (connect failure, 413, ...)
+//! get the same JSON shape from the connection manager's local-reply mappers.
 
 use crate::root::now_ms;
 use crate::stats::Counter;
 use crate::vm_state::{Routed, VmState};
 use kvroute_core::config::Handoff;
+use kvroute_core::error_reply::ErrorReply;
+use kvroute_core::path_policy;
 use kvroute_core::request::{parse, ApiKind, InferenceRequest};
 use log::debug;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -37,6 +44,11 @@ pub struct RequestFilter {
     api: Option<ApiKind>,
     routed: Option<Routed>,
     tokens_released: bool,
+    /// Bytes of request body buffered so far (read again when trailers end
+    /// the body).
+    body_bytes: usize,
+    /// `route` ran (the request is routed, or was answered locally).
+    decided: bool,
 }
 
 impl RequestFilter {
@@ -47,12 +59,25 @@ impl RequestFilter {
             api: None,
             routed: None,
             tokens_released: false,
+            body_bytes: 0,
+            decided: false,
         }
+    }
+
+    /// Answers the request locally with a JSON error.
+    fn reply(&self, error: ErrorReply) {
+        let retry_after = error.retry_after().map(|s| s.to_string());
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(s) = &retry_after {
+            headers.push(("retry-after", s.as_str()));
+        }
+        self.send_http_response(error.status(), headers, Some(error.body().as_bytes()));
     }
 
     /// Routes and hands the choice to Envoy; `false` when the request was
     /// answered locally (empty pool).
     fn route(&mut self, request: Option<&InferenceRequest>) -> bool {
+        self.decided = true;
         let now = now_ms(self);
         let routed = self.state.borrow_mut().route(request, now);
         match routed {
@@ -69,13 +94,34 @@ impl RequestFilter {
             }
             None => {
                 self.state.borrow().stats.inc(Counter::NoEndpoint);
-                self.send_http_response(
-                    503,
-                    vec![("content-type", "application/json")],
-                    Some(br#"{"error":{"message":"kvroute: no endpoint available","type":"service_unavailable","code":503}}"#),
-                );
+                self.reply(ErrorReply::NoEndpoint);
                 false
             }
+        }
+    }
+
+    /// The whole body is buffered: parse it and route.
+    fn body_complete(&mut self) -> Action {
+        let prefix = self.state.borrow().config().prefix.clone();
+        let body = self
+            .get_http_request_body(0, self.body_bytes)
+            .unwrap_or_default();
+        let request = match self.api.map(|api| parse(api, &body, &prefix)) {
+            Some(Ok(r)) => {
+                self.state.borrow().stats.inc(Counter::Parsed);
+                Some(r)
+            }
+            Some(Err(e)) => {
+                debug!("kvroute: body not understood ({e:?}); routing by load");
+                self.state.borrow().stats.inc(Counter::Unparsed);
+                None
+            }
+            None => None,
+        };
+        if self.route(request.as_ref()) {
+            Action::Continue
+        } else {
+            Action::Pause
         }
     }
 
@@ -111,8 +157,15 @@ impl HttpContext for RequestFilter {
         // Removes every value of the header, whatever its case on the wire.
         self.set_http_request_header(&header, None);
 
-        let is_post = self.get_http_request_header(":method").as_deref() == Some("POST");
         let path = self.get_http_request_header(":path").unwrap_or_default();
+        let allowed = path_policy::is_allowed(&self.state.borrow().config().allowed_paths, &path);
+        if !allowed {
+            self.decided = true;
+            self.state.borrow().stats.inc(Counter::PathBlocked);
+            self.reply(ErrorReply::PathNotAllowed);
+            return Action::Pause;
+        }
+        let is_post = self.get_http_request_header(":method").as_deref() == Some("POST");
         self.api = ApiKind::from_path(&path).filter(|_| is_post);
         if self.api.is_some() && !end_of_stream {
             return Action::Pause; // wait for the body
@@ -130,13 +183,11 @@ impl HttpContext for RequestFilter {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.routed.is_some() {
+        if self.decided {
             return Action::Continue;
         }
-        let (max, prefix) = {
-            let state = self.state.borrow();
-            (state.config().max_body_bytes, state.config().prefix.clone())
-        };
+        self.body_bytes = body_size;
+        let max = self.state.borrow().config().max_body_bytes;
         if body_size > max {
             self.state.borrow().stats.inc(Counter::BodyTooLarge);
             return if self.route(None) {
@@ -146,26 +197,18 @@ impl HttpContext for RequestFilter {
             };
         }
         if !end_of_stream {
-            return Action::Pause; // keep buffering
+            return Action::Pause; // keep buffering (or wait for trailers)
         }
-        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
-        let request = match self.api.map(|api| parse(api, &body, &prefix)) {
-            Some(Ok(r)) => {
-                self.state.borrow().stats.inc(Counter::Parsed);
-                Some(r)
-            }
-            Some(Err(e)) => {
-                debug!("kvroute: body not understood ({e:?}); routing by load");
-                self.state.borrow().stats.inc(Counter::Unparsed);
-                None
-            }
-            None => None,
-        };
-        if self.route(request.as_ref()) {
-            Action::Continue
-        } else {
-            Action::Pause
+        self.body_complete()
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        // Trailers end the request (HTTP/2, gRPC-style clients): the body
+        // buffered so far is all there is.
+        if self.decided {
+            return Action::Continue;
         }
+        self.body_complete()
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

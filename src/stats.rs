@@ -31,6 +31,8 @@ pub enum Counter {
     NoEndpoint,
     /// Client-supplied destination headers removed.
     SteeringHeaderRemoved,
+    /// Requests refused because their path is not in `allowed_paths`.
+    PathBlocked,
     /// Decisions made by a cached prefix.
     DecisionPrefix,
     /// Decisions made by load.
@@ -49,7 +51,7 @@ pub enum Counter {
     OutlierEjected,
 }
 
-const COUNTERS: [(Counter, &str); 16] = [
+const COUNTERS: [(Counter, &str); 17] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -61,6 +63,7 @@ const COUNTERS: [(Counter, &str); 16] = [
         Counter::SteeringHeaderRemoved,
         "kvroute.steering_header_removed",
     ),
+    (Counter::PathBlocked, "kvroute.path_blocked"),
     (Counter::DecisionPrefix, "kvroute.decision.prefix"),
     (Counter::DecisionLoad, "kvroute.decision.load"),
     (Counter::DecisionCold, "kvroute.decision.cold"),

@@ -101,9 +101,13 @@ fn non_inference_and_unparsable_requests_still_pass() {
     let r = get(&envoy.url("/v1/models"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.pod().is_some());
+    // Allowed (prefix rule `/v1/models/*`): reaches a pod, which answers.
+    let r = get(&envoy.url("/v1/models/meta-llama/Llama-3.1-8B-Instruct"));
+    assert!(r.pod().is_some(), "{} {}", r.status, r.body);
+    // Off the default allow-list (tests/edge.rs has the path policy).
     let r = get(&envoy.url("/health"));
-    assert_eq!(r.status, 200);
-    assert!(r.pod().is_some());
+    assert_eq!(r.status, 404);
+    assert!(r.pod().is_none());
 
     // Not JSON: still routed (the pod answers 400 itself).
     let r = post_raw(

@@ -5,6 +5,7 @@
 //! user-facing reference and must list every field here with its default.
 
 use crate::endpoint::Endpoint;
+use crate::path_policy::{default_allowed_paths, PathRule};
 use serde::Deserialize;
 use std::fmt;
 
@@ -31,6 +32,9 @@ pub struct Config {
     pub upstream_cluster: String,
     /// When set, a response header of this name explains each decision.
     pub debug_header: Option<String>,
+    /// Request paths that reach the pool (exact, or `/dir/*`); every other
+    /// path gets a JSON 404 from the gateway (see `path_policy.rs`).
+    pub allowed_paths: Vec<PathRule>,
     /// Scraping of the endpoints' `/metrics`.
     pub metrics: MetricsConfig,
     /// Prompt hashing and the prefix index.
@@ -53,6 +57,7 @@ impl Default for Config {
             max_body_bytes: 8 * 1024 * 1024,
             upstream_cluster: "kvroute_upstream".into(),
             debug_header: None,
+            allowed_paths: default_allowed_paths(),
             metrics: MetricsConfig::default(),
             prefix: PrefixConfig::default(),
             scheduling: SchedulingConfig::default(),
@@ -464,6 +469,18 @@ impl Config {
                 ));
             }
         }
+        if self.allowed_paths.is_empty() || self.allowed_paths.len() > 64 {
+            return Err(err(
+                "allowed_paths",
+                self.allowed_paths.len(),
+                "must list 1..=64 paths (an empty list would refuse every request)",
+            ));
+        }
+        for (i, p) in self.allowed_paths.iter().enumerate() {
+            if self.allowed_paths[..i].contains(p) {
+                return Err(err(&format!("allowed_paths[{i}]"), p, "listed twice"));
+            }
+        }
         if self.max_body_bytes < 1024 || self.max_body_bytes > 256 << 20 {
             return Err(err(
                 "max_body_bytes",
@@ -722,6 +739,7 @@ mod tests {
         assert_eq!(c.scheduling.min_range_inflight, 8.0);
         assert_eq!(c.scheduling.min_range_tokens, 4096.0);
         assert_eq!(c.scheduling.cold_margin, 0.05);
+        assert_eq!(c.allowed_paths, default_allowed_paths());
         let c = parse(
             r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0}}"#,
         )
@@ -828,6 +846,18 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"outlier_detection":{"consecutive_5xx":3}}"#,
                 "outlier_detection.consecutive_5xx",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"allowed_paths":[]}"#,
+                "allowed_paths",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"allowed_paths":["/v1/models","/v1/../sim"]}"#,
+                "allowed_paths[1]",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"allowed_paths":["/a","/a"]}"#,
+                "allowed_paths[1]",
             ),
             ("not json", "(config)"),
         ];

@@ -22,9 +22,11 @@
 pub mod config;
 pub mod discovery;
 pub mod endpoint;
+pub mod error_reply;
 pub mod inflight;
 pub mod metrics;
 pub mod outlier;
+pub mod path_policy;
 pub mod prefix;
 pub mod request;
 pub mod router;

@@ -12,8 +12,9 @@ Checked here:
   * the Istio EnvoyFilter pieces, placed where Istio puts them in a gateway's
     config: the ECDS wasm filter config inline in the chain (code from a local
     file, as istio-agent hands it to Envoy), the header_to_metadata bridge,
-    the LISTENER / HTTP_ROUTE / CLUSTER MERGE values merged into an
-    Istio-shaped listener, route and EDS-like cluster, and the ADDed cluster;
+    the LISTENER / HTTP_ROUTE / CLUSTER / NETWORK_FILTER MERGE values merged
+    into an Istio-shaped listener, route, connection manager and EDS-like
+    cluster, and the ADDed cluster;
     and the HTTP_FILTER insert itself (config_discovery over ADS);
   * every shipped plugin JSON through the real filter (when it is built).
 Not checked: Istio's own translation (no istiod here).
@@ -25,7 +26,7 @@ import json
 import pytest
 import yaml
 
-from conftest import COMPOSE, deep_merge, envoy_validate, find, plugin_configs
+from conftest import COMPOSE, ROOT, deep_merge, envoy_validate, find, plugin_configs
 
 ROUTER = {"name": "envoy.filters.http.router",
           "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
@@ -123,6 +124,8 @@ def istio_gateway_bootstrap(wasm, bridge=True, plugin_json=None):
             }}]}],
     }
     listener = deep_merge(listener, _one("kvroute", "LISTENER"))
+    hcm = listener["filter_chains"][0]["filters"][0]
+    listener["filter_chains"][0]["filters"][0] = deep_merge(hcm, _one("kvroute", "NETWORK_FILTER"))
     # Istio's EDS cluster for the Service, with the DestinationRule's policy;
     # members listed statically here (EDS needs a control plane).
     pool = {
@@ -158,6 +161,23 @@ def test_negative_istio_pieces_with_bad_policy_rejected(envoy, wasm_module, tmp_
     pool = cfg["static_resources"]["clusters"][0]
     policy = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]["typed_config"]
     policy["override_host_sources"] = [{"header_name": "x-kvroute-destination"}]
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
+
+
+def test_istio_local_reply_mappers_match_the_template():
+    """Istio's gateway maps Envoy's errors exactly as ./build.sh serve does."""
+    tmpl = yaml.safe_load((ROOT / "envoy" / "local_reply.yaml.tmpl").read_text())
+    hcm = _one("kvroute", "NETWORK_FILTER")["typed_config"]
+    assert hcm["local_reply_config"] == tmpl["local_reply_config"]
+    codes = [m["body_format_override"]["json_format"]["error"]["code"]
+             for m in tmpl["local_reply_config"]["mappers"]]
+    assert codes[:3] == ["request_too_large", "upstream_unavailable", "upstream_timeout"]
+
+
+def test_negative_istio_local_reply_with_bad_filter_rejected(envoy, wasm_module, tmp_path):
+    cfg = istio_gateway_bootstrap(wasm_module[0])
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["local_reply_config"]["mappers"][0]["filter"] = {"status_code_filter": {"comparison": {"op": "NE"}}}
     assert_invalid(envoy_validate(envoy, cfg, tmp_path))
 
 

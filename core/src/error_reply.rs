@@ -1,0 +1,103 @@
+//! The errors the gateway answers itself, in the OpenAI error shape that
+//! clients of an inference API already parse:
+//! `{"error":{"message":...,"type":...,"param":null,"code":...}}`.
+//!
+//! The filter sends [`ErrorReply::PathNotAllowed`] and
+//! [`ErrorReply::NoEndpoint`] itself; the errors Envoy generates (no healthy
+//! upstream, connect failure, body too large, timeout) get the same shape
+//! from the connection manager's `local_reply_config` in
+//! `envoy/kvroute.yaml.tmpl`, with the same `type` and `code` values. The
+//! table is in `docs/ARCHITECTURE.md#errors`.
+
+/// Seconds a client should wait before retrying when no endpoint can serve
+/// (the `Retry-After` header; Envoy's mappers send the same value).
+pub const RETRY_AFTER_SECS: u32 = 1;
+
+/// An error kvroute answers itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorReply {
+    /// The path is not on the allow-list (`allowed_paths`).
+    PathNotAllowed,
+    /// The pool is empty: no endpoint can serve.
+    NoEndpoint,
+}
+
+impl ErrorReply {
+    /// HTTP status.
+    pub fn status(self) -> u32 {
+        match self {
+            ErrorReply::PathNotAllowed => 404,
+            ErrorReply::NoEndpoint => 503,
+        }
+    }
+
+    /// `error.type`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            ErrorReply::PathNotAllowed => "invalid_request_error",
+            ErrorReply::NoEndpoint => "server_error",
+        }
+    }
+
+    /// `error.code`.
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorReply::PathNotAllowed => "path_not_allowed",
+            ErrorReply::NoEndpoint => "no_endpoint",
+        }
+    }
+
+    /// `error.message`.
+    pub fn message(self) -> &'static str {
+        match self {
+            ErrorReply::PathNotAllowed => "kvroute: this path is not served by the gateway",
+            ErrorReply::NoEndpoint => "kvroute: no endpoint available",
+        }
+    }
+
+    /// `Retry-After` seconds, for errors a retry can cure.
+    pub fn retry_after(self) -> Option<u32> {
+        match self {
+            ErrorReply::PathNotAllowed => None,
+            ErrorReply::NoEndpoint => Some(RETRY_AFTER_SECS),
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(self) -> String {
+        serde_json::json!({
+            "error": {
+                "message": self.message(),
+                "type": self.kind(),
+                "param": null,
+                "code": self.code(),
+            }
+        })
+        .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn bodies_have_the_openai_shape() {
+        for (e, status, retry) in [
+            (ErrorReply::PathNotAllowed, 404, None),
+            (ErrorReply::NoEndpoint, 503, Some(1)),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
+            let err = v["error"].as_object().unwrap();
+            assert_eq!(err.len(), 4, "{v}");
+            assert!(err["message"].as_str().unwrap().starts_with("kvroute: "));
+            assert_eq!(err["type"], e.kind());
+            assert!(err["param"].is_null());
+            assert_eq!(err["code"], e.code());
+            assert_eq!(e.status(), status);
+            assert_eq!(e.retry_after(), retry);
+        }
+    }
+}
