@@ -30,3 +30,4 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod shared;
+pub mod stall;
