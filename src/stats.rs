@@ -47,9 +47,15 @@ pub enum Counter {
     LogLost,
     /// Endpoints ejected by passive health (consecutive 5xx).
     OutlierEjected,
+    /// Requests the chosen endpoint sent no response byte for (connect
+    /// failure, reset, first-byte timeout, or answered by a retry elsewhere).
+    Unanswered,
+    /// Endpoints found stalled (requests without a first byte and a silent
+    /// `/metrics` while others answer), counted by each VM that noticed.
+    Stalled,
 }
 
-const COUNTERS: [(Counter, &str); 16] = [
+const COUNTERS: [(Counter, &str); 18] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -69,6 +75,8 @@ const COUNTERS: [(Counter, &str); 16] = [
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),
     (Counter::OutlierEjected, "kvroute.outlier.ejected"),
+    (Counter::Unanswered, "kvroute.failover.unanswered"),
+    (Counter::Stalled, "kvroute.failover.stalled"),
 ];
 
 /// Per-endpoint gauges.
@@ -104,6 +112,10 @@ pub enum EndpointCounter {
     ScrapeFailures,
     /// Passive-health ejections of the endpoint.
     Ejections,
+    /// Requests the endpoint, when chosen, sent no response byte for.
+    Unanswered,
+    /// Times a VM found the endpoint stalled.
+    Stalls,
 }
 
 impl EndpointCounter {
@@ -112,6 +124,8 @@ impl EndpointCounter {
             EndpointCounter::Routed => "routed",
             EndpointCounter::ScrapeFailures => "scrape_failures",
             EndpointCounter::Ejections => "ejections",
+            EndpointCounter::Unanswered => "unanswered",
+            EndpointCounter::Stalls => "stalls",
         }
     }
 }
