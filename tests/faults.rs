@@ -78,9 +78,13 @@ fn request(stream: bool, max_tokens: u32) -> Value {
 }
 
 fn send(port: u16, stream: bool, max_tokens: u32, t0: Instant) -> Outcome {
+    send_body(port, &request(stream, max_tokens), stream, t0)
+}
+
+fn send_body(port: u16, body: &Value, stream: bool, t0: Instant) -> Outcome {
     let at = t0.elapsed();
     let url = format!("http://127.0.0.1:{port}/v1/completions");
-    let r = try_post_json(&url, &request(stream, max_tokens));
+    let r = try_post_json(&url, body);
     let elapsed = t0.elapsed() - at;
     match r {
         Some(r) => Outcome {
@@ -137,6 +141,47 @@ fn load(
             .collect::<Vec<_>>()
     });
     let mut out = out;
+    out.sort_by_key(|o| o.at);
+    out
+}
+
+/// Open-loop load: one request every `1/rate` s for `duration`, whatever
+/// the answers (a stuck request does not slow the arrivals, as with many
+/// independent users); request `i` continues conversation `i % groups`
+/// (a shared prefix, so prefix affinity pins each group to a pod). At most
+/// `rate x duration` threads; loopback only.
+fn open_load(
+    port: u16,
+    rate: u32,
+    groups: usize,
+    duration: Duration,
+    during: impl FnOnce(Instant),
+) -> Vec<Outcome> {
+    let t0 = Instant::now();
+    let n = (rate as f64 * duration.as_secs_f64()) as usize;
+    let mut out = std::thread::scope(|s| {
+        let sender = s.spawn(move || {
+            let handles: Vec<_> = (0..n)
+                .map(|i| {
+                    sleep_until(t0, Duration::from_secs_f64(i as f64 / rate as f64));
+                    std::thread::spawn(move || {
+                        let prompt = format!(
+                            "{} question {i}",
+                            format!("conversation {} ", i % groups).repeat(40)
+                        );
+                        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 8});
+                        send_body(port, &body, false, t0)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        during(t0);
+        sender.join().unwrap()
+    });
     out.sort_by_key(|o| o.at);
     out
 }
@@ -225,16 +270,18 @@ fn pod_kill_under_load_fails_no_request_with_override_host() {
 fn pod_kill_with_original_dst_costs_at_most_the_requests_in_flight() {
     // Scrape failures alone would need 20 x 50 ms: only the filter's own
     // "not answered" verdict can take the pod out this fast.
-    let extra = json!({"metrics": {"unhealthy_after_failures": 20}});
+    // Passive health (5 consecutive 5xx) is off for the same reason.
+    let extra = json!({"metrics": {"unhealthy_after_failures": 20},
+                       "outlier_detection": {"consecutive_errors": 0}});
     let (out, kill_at, victim) = kill_one_of_three("original_dst", None, extra, 0);
     let (failed, _, _) = tally(&out);
     println!(
         "original_dst kill: {} requests, {failed} failed",
         out.len()
     );
-    // At most the 6 clients' requests in flight at the kill, plus one per
-    // client routed before the verdict reached its worker.
-    assert!(failed <= 12, "{failed} failed: {out:#?}");
+    // The requests in flight on the victim at the kill (about 2 of the 6
+    // clients'), plus a few routed before the verdict reached every worker.
+    assert!(failed <= 6, "{failed} failed: {out:#?}");
     let first_failure = out
         .iter()
         .filter(|o| o.failed())
@@ -262,7 +309,7 @@ fn frozen_pod_is_avoided_within_a_second_and_its_requests_are_retried() {
     let victim = sims[1].endpoint(0);
     let freeze_at = Duration::from_millis(1000);
     let freeze = Duration::from_secs(8);
-    let out = load(envoy.port, 6, 0, Duration::from_millis(5500), |t0| {
+    let out = open_load(envoy.port, 40, 6, Duration::from_millis(4500), |t0| {
         sleep_until(t0, freeze_at);
         sims[1].signal("STOP");
         sleep_until(t0, freeze_at + freeze);
