@@ -229,10 +229,16 @@ fn kill_one_of_three(
     warm_up(&envoy);
     let victim = sims[1].endpoint(0);
     let kill_at = Duration::from_millis(1200);
-    let out = load(envoy.port, 6, stream_every, Duration::from_millis(3200), |t0| {
-        sleep_until(t0, kill_at);
-        sims[1].kill();
-    });
+    let out = load(
+        envoy.port,
+        6,
+        stream_every,
+        Duration::from_millis(3200),
+        |t0| {
+            sleep_until(t0, kill_at);
+            sims[1].kill();
+        },
+    );
     (out, kill_at, victim)
 }
 
@@ -263,7 +269,10 @@ fn pod_kill_under_load_fails_no_request_with_override_host() {
         kill_at + Duration::from_millis(300),
         Duration::MAX,
     );
-    assert_eq!(after, 0, "the dead pod was still chosen 300 ms after the kill");
+    assert_eq!(
+        after, 0,
+        "the dead pod was still chosen 300 ms after the kill"
+    );
 }
 
 #[test]
@@ -275,10 +284,7 @@ fn pod_kill_with_original_dst_costs_at_most_the_requests_in_flight() {
                        "outlier_detection": {"consecutive_errors": 0}});
     let (out, kill_at, victim) = kill_one_of_three("original_dst", None, extra, 0);
     let (failed, _, _) = tally(&out);
-    println!(
-        "original_dst kill: {} requests, {failed} failed",
-        out.len()
-    );
+    println!("original_dst kill: {} requests, {failed} failed", out.len());
     // The requests in flight on the victim at the kill (about 2 of the 6
     // clients'), plus a few routed before the verdict reached every worker.
     assert!(failed <= 6, "{failed} failed: {out:#?}");
@@ -433,8 +439,14 @@ fn metrics_slow_garbage_or_500_never_fail_inference() {
     assert_eq!((failed, failed_streams, truncated), (0, 0, 0));
     // Slow (within the scrape timeout) and unreadable /metrics: the pod is
     // reachable, so it keeps its share (only its load figures are unknown).
-    assert!(share[0] * 8 >= out.len(), "slow /metrics pod starved: {share:?}");
-    assert!(share[1] * 8 >= out.len(), "garbage /metrics pod starved: {share:?}");
+    assert!(
+        share[0] * 8 >= out.len(),
+        "slow /metrics pod starved: {share:?}"
+    );
+    assert!(
+        share[1] * 8 >= out.len(),
+        "garbage /metrics pod starved: {share:?}"
+    );
     // A 500 cannot be told from Envoy's own 503 for an unreachable pod:
     // the pod leaves the candidate set until its /metrics answers again.
     assert_eq!(share[2], 0, "pod with failing /metrics chosen: {share:?}");
@@ -463,7 +475,12 @@ fn inference_500_while_metrics_answer_costs_a_bounded_streak() {
     assert!(failed.len() <= 5 + 3, "{} failures", failed.len());
     let last = failed.iter().map(|o| o.at).max().unwrap_or_default();
     assert_eq!(
-        chosen_between(&out, &sim.endpoint(0), last + Duration::from_millis(1), Duration::MAX),
+        chosen_between(
+            &out,
+            &sim.endpoint(0),
+            last + Duration::from_millis(1),
+            Duration::MAX
+        ),
         0,
         "the failing pod was chosen again within its 10 s ejection"
     );

@@ -80,6 +80,10 @@ mod tests {
 
     const W: u64 = 500;
 
+    /// (what, scrape answered at per endpoint, (waiting, progress_ms) per
+    /// endpoint, endpoints stalled)
+    type Case = (&'static str, [u64; 3], [(u32, u64); 3], &'static [u8]);
+
     fn ep(i: u8) -> Endpoint {
         format!("10.0.0.{i}:8000").parse().unwrap()
     }
@@ -116,8 +120,7 @@ mod tests {
         let now = 100_000;
         let fresh = now - 40;
         let silent = now - W;
-        // (what, answered, inflight (waiting, progress), stalled)
-        let cases: &[(&str, [u64; 3], [(u32, u64); 3], &[u8])] = &[
+        let cases: &[Case] = &[
             ("all fine", [fresh; 3], [(2, now - 100); 3], &[]),
             (
                 "frozen: waited w, no scrape for w",
