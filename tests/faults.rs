@@ -214,7 +214,7 @@ fn kill_one_of_three(
     failover: Option<Value>,
     extra: Value,
     stream_every: usize,
-) -> (Vec<Outcome>, Duration, String) {
+) -> (Vec<Outcome>, Duration, String, f64) {
     let mut sims = pods(3, &["--time-scale", "1"]);
     let mut c = json!({"handoff": handoff});
     if let Some(f) = failover {
@@ -239,7 +239,8 @@ fn kill_one_of_three(
             sims[1].kill();
         },
     );
-    (out, kill_at, victim)
+    let unanswered = envoy.stat("wasmcustom.kvroute.failover.unanswered");
+    (out, kill_at, victim, unanswered)
 }
 
 /// Requests kvroute chose `endpoint` for that were sent in `[from, to)`.
@@ -251,7 +252,7 @@ fn chosen_between(out: &[Outcome], endpoint: &str, from: Duration, to: Duration)
 
 #[test]
 fn pod_kill_under_load_fails_no_request_with_override_host() {
-    let (out, kill_at, victim) = kill_one_of_three("override_host", None, json!({}), 3);
+    let (out, kill_at, victim, unanswered) = kill_one_of_three("override_host", None, json!({}), 3);
     let (failed, failed_streams, truncated) = tally(&out);
     let before = chosen_between(&out, &victim, Duration::ZERO, kill_at);
     println!(
@@ -273,6 +274,7 @@ fn pod_kill_under_load_fails_no_request_with_override_host() {
         after, 0,
         "the dead pod was still chosen 300 ms after the kill"
     );
+    assert!(unanswered >= 1.0, "no unanswered request counted");
 }
 
 #[test]
@@ -282,7 +284,7 @@ fn pod_kill_with_original_dst_costs_at_most_the_requests_in_flight() {
     // Passive health (5 consecutive 5xx) is off for the same reason.
     let extra = json!({"metrics": {"unhealthy_after_failures": 20},
                        "outlier_detection": {"consecutive_errors": 0}});
-    let (out, kill_at, victim) = kill_one_of_three("original_dst", None, extra, 0);
+    let (out, kill_at, victim, _) = kill_one_of_three("original_dst", None, extra, 0);
     let (failed, _, _) = tally(&out);
     println!("original_dst kill: {} requests, {failed} failed", out.len());
     // The requests in flight on the victim at the kill (about 2 of the 6
@@ -345,6 +347,47 @@ fn frozen_pod_is_avoided_within_a_second_and_its_requests_are_retried() {
     assert!(
         slowest < Duration::from_millis(5000),
         "a request waited {slowest:?}"
+    );
+    assert!(envoy.stat("wasmcustom.kvroute.failover.stalled") >= 1.0);
+}
+
+#[test]
+fn frozen_pod_with_original_dst_answers_504_at_the_first_byte_bound() {
+    let sims = pods(2, &["--time-scale", "0.01"]);
+    let c = config(json!({"handoff": "original_dst",
+                          "failover": {"first_byte_timeout_ms": 1000}}));
+    let envoy = Envoy::start(&endpoints(&sims), c, 1);
+    warm_up(&envoy);
+    let victim = sims[1].endpoint(0);
+    sims[1].signal("STOP");
+    // Four at once: cold requests spread, so some are sent to the frozen pod.
+    let t0 = Instant::now();
+    let first: Vec<Outcome> = std::thread::scope(|s| {
+        let h: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| send(envoy.port, false, 4, t0)))
+            .collect();
+        h.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let later: Vec<Outcome> = (0..10).map(|_| send(envoy.port, false, 4, t0)).collect();
+    sims[1].signal("CONT");
+    println!("original_dst freeze: {first:?}");
+    let stuck: Vec<&Outcome> = first.iter().filter(|o| o.chosen == victim).collect();
+    assert!(!stuck.is_empty(), "no request went to the frozen pod");
+    for o in &stuck {
+        // ORIGINAL_DST cannot retry elsewhere: Envoy's per-try timeout
+        // answers 504 at the bound instead of a hang until the pod resumes.
+        assert_eq!(o.status, 504, "{o:?}");
+        assert!(
+            o.elapsed >= Duration::from_millis(900) && o.elapsed < Duration::from_millis(2500),
+            "{o:?}"
+        );
+    }
+    for o in first.iter().filter(|o| o.chosen != victim).chain(&later) {
+        assert_eq!(o.status, 200, "{o:?}");
+    }
+    assert!(
+        later.iter().all(|o| o.chosen != victim),
+        "frozen pod chosen again"
     );
 }
 
@@ -499,7 +542,7 @@ fn measure_pod_kill() {
     for handoff in ["original_dst", "override_host"] {
         for (label, failover) in [("before", Some(failover_off())), ("after", None)] {
             for run in 0..runs {
-                let (out, _, _) = kill_one_of_three(handoff, failover.clone(), json!({}), 3);
+                let (out, _, _, _) = kill_one_of_three(handoff, failover.clone(), json!({}), 3);
                 let (failed, failed_streams, truncated) = tally(&out);
                 println!(
                     "MEASURE handoff={handoff} failover={label} run={run} requests={} failed_non_streaming={failed} failed_streams={failed_streams} streams_cut_after_headers={truncated}",
