@@ -57,6 +57,8 @@ struct Outcome {
     status: u16,
     /// The endpoint kvroute chose (debug header), "" if unknown.
     chosen: String,
+    /// The candidates kvroute scored (debug header `scores=`).
+    candidates: Vec<String>,
     stream: bool,
     /// A 200 stream that ended without `data: [DONE]` (cut mid-way).
     truncated: bool,
@@ -96,6 +98,15 @@ fn send_body(port: u16, body: &Value, stream: bool, t0: Instant) -> Outcome {
                 .and_then(|d| d.split(';').next())
                 .map(|e| e.trim_start_matches("endpoint=").to_string())
                 .unwrap_or_default(),
+            candidates: r
+                .header("x-kvroute-debug")
+                .and_then(|d| d.split("scores=").nth(1))
+                .map(|s| {
+                    s.split(',')
+                        .filter_map(|p| p.rsplit_once('=').map(|(e, _)| e.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
             stream,
             truncated: stream && r.status == 200 && !r.body.contains("data: [DONE]"),
         },
@@ -104,6 +115,7 @@ fn send_body(port: u16, body: &Value, stream: bool, t0: Instant) -> Outcome {
             elapsed,
             status: 0,
             chosen: String::new(),
+            candidates: Vec::new(),
             stream,
             truncated: false,
         },
@@ -480,18 +492,24 @@ fn metrics_slow_garbage_or_500_never_fail_inference() {
         out.len()
     );
     assert_eq!((failed, failed_streams, truncated), (0, 0, 0));
-    // Slow (within the scrape timeout) and unreadable /metrics: the pod is
-    // reachable, so it keeps its share (only its load figures are unknown).
+    let candidate = |i: usize| {
+        out.iter()
+            .filter(|o| o.candidates.contains(&sim.endpoint(i)))
+            .count()
+    };
+    // Slow (within the scrape timeout) /metrics: fresh figures, full share.
     assert!(
         share[0] * 8 >= out.len(),
         "slow /metrics pod starved: {share:?}"
     );
-    assert!(
-        share[1] * 8 >= out.len(),
-        "garbage /metrics pod starved: {share:?}"
-    );
-    // A 500 cannot be told from Envoy's own 503 for an unreachable pod:
-    // the pod leaves the candidate set until its /metrics answers again.
+    // Unreadable /metrics: reachable, so always a candidate; its load is
+    // unknown once its last snapshot is stale (neutral scores), so it wins
+    // only when the others look busier.
+    assert_eq!(candidate(1), out.len(), "garbage /metrics pod filtered out");
+    // A 500 cannot be told from the 503 Envoy itself returns for an
+    // unreachable pod: the pod leaves the candidate set until its /metrics
+    // answers again.
+    assert_eq!(candidate(2), 0, "pod with failing /metrics a candidate");
     assert_eq!(share[2], 0, "pod with failing /metrics chosen: {share:?}");
     sim.fault(2, json!({"metrics_error": false}));
     std::thread::sleep(Duration::from_millis(300));
