@@ -404,6 +404,32 @@ fn frozen_pod_with_original_dst_answers_504_at_the_first_byte_bound() {
 }
 
 #[test]
+fn slow_first_byte_on_a_live_pod_is_not_a_stall() {
+    // A long prefill (or a long non-streaming generation): 1.5 s before the
+    // first byte, while /metrics answers. Not a frozen pod: it must stay a
+    // candidate and its requests must complete.
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(&sim.endpoints(), config(json!({})), 2);
+    warm_up(&envoy);
+    sim.fault(0, json!({"extra_latency_ms": 1500}));
+    let out = open_load(envoy.port, 20, 6, Duration::from_millis(3000), |_| {});
+    let (failed, _, _) = tally(&out);
+    let slow = out.iter().filter(|o| o.chosen == sim.endpoint(0)).count();
+    let filtered = out
+        .iter()
+        .filter(|o| !o.candidates.contains(&sim.endpoint(0)))
+        .count();
+    println!(
+        "slow first byte: {} requests, {failed} failed, {slow} to the slow pod, {filtered} without it as a candidate",
+        out.len()
+    );
+    assert_eq!(failed, 0);
+    assert!(slow > 0);
+    assert_eq!(filtered, 0, "the slow pod was taken for a stalled one");
+    assert_eq!(envoy.stat("wasmcustom.kvroute.failover.stalled"), 0.0);
+}
+
+#[test]
 fn pod_restarted_on_the_same_port_gets_traffic_again() {
     let mut sims = pods(3, &["--time-scale", "0.1"]);
     let envoy = Envoy::start(&endpoints(&sims), config(json!({})), 2);
