@@ -92,7 +92,10 @@ def render(args) -> str:
     endpoints = args.endpoints if baseline else plugin.get("endpoints", [])
     if baseline and not (endpoints or args.eds_file):
         sys.exit("render.py: baselines need --endpoints or --eds-file")
-    handoff = plugin.get("handoff", "original_dst")
+    handoff = plugin.get("handoff", "override_host")
+    # Baselines (no kvroute) keep Envoy's plain connect-failure retries.
+    failover = plugin.get("failover") or {}
+    first_byte_ms = 0 if baseline else int(failover.get("first_byte_timeout_ms", 60_000))
     max_body = int(plugin.get("max_body_bytes", 8 * 1024 * 1024))
     listen_host, listen_port = args.listen
     admin_host, admin_port = args.admin
@@ -111,12 +114,19 @@ def render(args) -> str:
         # (plus headers). Bodies up to this limit are always served.
         "buffer_limit_bytes": args.buffer_limit or 2 * max_body + 64 * 1024,
         "route_idle_timeout": args.idle_timeout,
+        # failover.*: Envoy's per-try timeout cuts an attempt with no response
+        # headers yet (verified on Envoy 1.40: it stops once headers arrive,
+        # so it never cuts a stream that has started).
+        "per_try_timeout": (f"                              per_try_timeout: {first_byte_ms / 1000:g}s\n"
+                            if first_byte_ms > 0 else ""),
+        "retry_on": ",".join(["connect-failure", "refused-stream", "reset-before-request"]
+                             + (["reset"] if not baseline and failover.get("retry_before_response", True) else [])),
     }
     filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", values)]
     filters.append(fragment("filter_router.yaml.tmpl", values))
     if not baseline and handoff == "original_dst":
         clusters = [fragment("cluster_original_dst.yaml.tmpl", values)]
-        retry = ""
+        retry = fragment("retry_policy_original_dst.yaml.tmpl", values) if first_byte_ms > 0 else ""
     else:
         if baseline:
             lb = f"  lb_policy: {args.lb.upper()}"

@@ -12,8 +12,12 @@
 //!    end of stream or when trailers arrive), parse it, route, write the
 //!    chosen endpoint into the destination header, release;
 //! 3. response: its status feeds passive health (consecutive 5xx eject the
-//!    endpoint); the first body chunk means the prefill is over (release the
-//!    in-flight tokens); the stream itself passes untouched;
+//!    endpoint); a response the chosen endpoint did not send (connect
+//!    failure, reset, first-byte timeout, or a retry answered by a fallback:
+//!    `core::answer`) takes it out of the candidate set at once; the first
+//!    body chunk from the chosen endpoint means the prefill is over (release
+//!    the in-flight tokens, progress for stall detection); the stream itself
+//!    passes untouched;
 //! 4. log: the request is over (release the in-flight request).
 //!
 //! Fail-open, decided once here: a body the core cannot understand, or one
@@ -27,6 +31,7 @@
 use crate::root::now_ms;
 use crate::stats::Counter;
 use crate::vm_state::{Routed, VmState};
+use kvroute_core::answer::{verdict, Verdict};
 use kvroute_core::config::Handoff;
 use kvroute_core::error_reply::ErrorReply;
 use kvroute_core::path_policy;
@@ -49,6 +54,8 @@ pub struct RequestFilter {
     body_bytes: usize,
     /// `route` ran (the request is routed, or was answered locally).
     decided: bool,
+    /// False once Envoy reported that the chosen endpoint did not answer.
+    chosen_answered: bool,
 }
 
 impl RequestFilter {
@@ -61,6 +68,7 @@ impl RequestFilter {
             tokens_released: false,
             body_bytes: 0,
             decided: false,
+            chosen_answered: true,
         }
     }
 
@@ -123,6 +131,12 @@ impl RequestFilter {
         } else {
             Action::Pause
         }
+    }
+
+    /// A string property of the stream (`None` when absent or not UTF-8).
+    fn property_text(&self, path: &[&str]) -> Option<String> {
+        self.get_property(path.to_vec())
+            .and_then(|v| String::from_utf8(v).ok())
     }
 
     fn debug_value(&self) -> Option<String> {
@@ -216,11 +230,22 @@ impl HttpContext for RequestFilter {
             let status = self
                 .get_http_response_header(":status")
                 .and_then(|s| s.parse::<u16>().ok());
+            let (endpoint, now) = (r.decision.endpoint, now_ms(self));
             if let Some(status) = status {
-                let (endpoint, now) = (r.decision.endpoint, now_ms(self));
                 self.state
                     .borrow_mut()
                     .observe_response(endpoint, status, now);
+            }
+            let details = self.property_text(&["response", "code_details"]);
+            let upstream = self.property_text(&["upstream", "address"]);
+            let verdict = verdict(
+                details.as_deref().unwrap_or(""),
+                upstream.as_deref(),
+                endpoint,
+            );
+            if verdict == Verdict::NotAnswered {
+                self.chosen_answered = false;
+                self.state.borrow_mut().not_answered(endpoint);
             }
         }
         let name = self.state.borrow().config().debug_header.clone();
@@ -233,11 +258,13 @@ impl HttpContext for RequestFilter {
     }
 
     fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
-        if !self.tokens_released {
+        // Only a chunk the chosen endpoint sent is its progress; otherwise
+        // on_log settles the request as unanswered.
+        if !self.tokens_released && self.chosen_answered {
             self.tokens_released = true;
             if let Some(r) = &self.routed {
-                let (endpoint, tokens) = (r.decision.endpoint, r.tokens);
-                self.state.borrow_mut().release_tokens(endpoint, tokens);
+                let (endpoint, tokens, now) = (r.decision.endpoint, r.tokens, now_ms(self));
+                self.state.borrow_mut().first_chunk(endpoint, tokens, now);
             }
         }
         Action::Continue
@@ -245,10 +272,10 @@ impl HttpContext for RequestFilter {
 
     fn on_log(&mut self) {
         if let Some(r) = self.routed.take() {
-            let unreleased = if self.tokens_released { 0 } else { r.tokens };
+            let unanswered = (!self.tokens_released).then_some(r.tokens);
             self.state
                 .borrow_mut()
-                .finish(r.decision.endpoint, unreleased);
+                .finish(r.decision.endpoint, unanswered);
         }
     }
 }

@@ -49,9 +49,15 @@ pub enum Counter {
     LogLost,
     /// Endpoints ejected by passive health (consecutive 5xx).
     OutlierEjected,
+    /// Requests the chosen endpoint sent no response byte for (connect
+    /// failure, reset, first-byte timeout, or answered by a retry elsewhere).
+    Unanswered,
+    /// Endpoints found stalled (requests without a first byte and a silent
+    /// `/metrics` while others answer), counted by each VM that noticed.
+    Stalled,
 }
 
-const COUNTERS: [(Counter, &str); 17] = [
+const COUNTERS: [(Counter, &str); 19] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -72,6 +78,8 @@ const COUNTERS: [(Counter, &str); 17] = [
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),
     (Counter::OutlierEjected, "kvroute.outlier.ejected"),
+    (Counter::Unanswered, "kvroute.failover.unanswered"),
+    (Counter::Stalled, "kvroute.failover.stalled"),
 ];
 
 /// Per-endpoint gauges.
@@ -107,6 +115,10 @@ pub enum EndpointCounter {
     ScrapeFailures,
     /// Passive-health ejections of the endpoint.
     Ejections,
+    /// Requests the endpoint, when chosen, sent no response byte for.
+    Unanswered,
+    /// Times a VM found the endpoint stalled.
+    Stalls,
 }
 
 impl EndpointCounter {
@@ -115,6 +127,8 @@ impl EndpointCounter {
             EndpointCounter::Routed => "routed",
             EndpointCounter::ScrapeFailures => "scrape_failures",
             EndpointCounter::Ejections => "ejections",
+            EndpointCounter::Unanswered => "unanswered",
+            EndpointCounter::Stalls => "stalls",
         }
     }
 }

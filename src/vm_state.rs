@@ -65,6 +65,8 @@ pub struct VmState {
     rng: fastrand::Rng,
     cursor: LogCursor,
     own_seqs: HashSet<u64>,
+    /// Endpoints this VM last found stalled (to count each stall once).
+    stalled: Vec<Endpoint>,
 }
 
 impl VmState {
@@ -84,6 +86,7 @@ impl VmState {
             rng: fastrand::Rng::with_seed(seed),
             cursor,
             own_seqs: HashSet::new(),
+            stalled: Vec::new(),
         }
     }
 
@@ -132,6 +135,10 @@ impl VmState {
             None => (&[][..], 0),
         };
         let inflight = self.store.inflight();
+        self.note_stalls(
+            self.router
+                .stalled(&self.states, |e| inflight.get(&e), now_ms),
+        );
         let decision = self.router.decide(
             blocks,
             prompt_tokens,
@@ -157,7 +164,9 @@ impl VmState {
                 self.own_seqs.insert(seq);
             }
         }
-        let table = self.store.update_inflight(|t| t.add(endpoint, tokens));
+        let table = self
+            .store
+            .update_inflight(|t| t.add(endpoint, tokens, now_ms));
         self.publish_inflight(&table, endpoint);
         self.stats.inc(Counter::Routed);
         self.stats.decision(decision.reason);
@@ -178,11 +187,49 @@ impl VmState {
         })
     }
 
-    /// The endpoint has started answering: its prefill is done.
-    pub fn release_tokens(&mut self, endpoint: Endpoint, tokens: u64) {
-        if tokens > 0 {
-            self.store
-                .update_inflight(|t| t.release_tokens(endpoint, tokens));
+    /// Counts (and logs) endpoints that became stalled since the last look.
+    fn note_stalls(&mut self, stalled: Vec<Endpoint>) {
+        for &e in &stalled {
+            if !self.stalled.contains(&e) {
+                self.stats.inc(Counter::Stalled);
+                self.stats.endpoint_inc(e, EndpointCounter::Stalls);
+                warn!(
+                    "kvroute: endpoint {e} stalled (requests without a first byte and a silent /metrics for {} ms): avoided",
+                    self.config().failover.stall_after_ms
+                );
+            }
+        }
+        self.stalled = stalled;
+    }
+
+    /// The endpoint has started answering at `now_ms`: its prefill is done.
+    pub fn first_chunk(&mut self, endpoint: Endpoint, tokens: u64, now_ms: u64) {
+        self.store
+            .update_inflight(|t| t.first_chunk(endpoint, tokens, now_ms));
+    }
+
+    /// Envoy got no response byte from the chosen endpoint (connect failure,
+    /// reset or timeout before the response; or a retry on a fallback
+    /// answered): with `failover.eject_unanswered` it leaves the candidate
+    /// set for every worker until one of its scrapes answers.
+    pub fn not_answered(&mut self, endpoint: Endpoint) {
+        self.stats.inc(Counter::Unanswered);
+        self.stats
+            .endpoint_inc(endpoint, EndpointCounter::Unanswered);
+        if !self.config().failover.eject_unanswered {
+            return;
+        }
+        let pool = self.router.pool().to_vec();
+        let threshold = self.config().metrics.unhealthy_after_failures;
+        let mut changed = false;
+        self.states = self.store.update_endpoint_states(|t| {
+            t.retain(&pool);
+            changed = t.unreachable(endpoint, threshold);
+        });
+        if changed {
+            self.stats
+                .endpoint_gauge(endpoint, EndpointGauge::Healthy, 0);
+            warn!("kvroute: endpoint {endpoint} did not answer a request: out of the candidate set until a scrape answers");
         }
     }
 
@@ -215,11 +262,12 @@ impl VmState {
         }
     }
 
-    /// The request is over (completed, failed or reset).
-    pub fn finish(&mut self, endpoint: Endpoint, unreleased_tokens: u64) {
+    /// The request is over (completed, failed or reset); `unanswered` holds
+    /// its uncached prompt tokens when the endpoint never sent it a chunk.
+    pub fn finish(&mut self, endpoint: Endpoint, unanswered: Option<u64>) {
         let table = self
             .store
-            .update_inflight(|t| t.finish(endpoint, unreleased_tokens));
+            .update_inflight(|t| t.finish(endpoint, unanswered));
         self.publish_inflight(&table, endpoint);
     }
 

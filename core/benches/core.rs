@@ -250,6 +250,7 @@ fn bench_decide(c: &mut Criterion) {
         let inflight = |e: Endpoint| InFlight {
             requests: u32::from(e.addr().port() % 3 == 0),
             tokens: 0,
+            ..InFlight::default()
         };
         let mut pick_rng = fastrand::Rng::with_seed(23);
         router

@@ -16,7 +16,8 @@ pub struct Config {
     /// The pool: model-server endpoints (`ip:port`). The only hosts kvroute
     /// ever routes to. May be empty when `discovery` is set.
     pub endpoints: Vec<Endpoint>,
-    /// How the chosen endpoint is handed to Envoy.
+    /// How the chosen endpoint is handed to Envoy (default `override_host`:
+    /// the only handoff whose retries can reach another endpoint).
     pub handoff: Handoff,
     /// Learn the pool from Envoy's own view of the upstream cluster (EDS
     /// included) instead of `endpoints`. Needs `handoff: override_host`.
@@ -45,13 +46,15 @@ pub struct Config {
     pub outlier_detection: OutlierConfig,
     /// State shared across Envoy workers.
     pub shared: SharedConfig,
+    /// Surviving endpoints that die or hang (see `stall.rs`).
+    pub failover: FailoverConfig,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             endpoints: Vec::new(),
-            handoff: Handoff::OriginalDst,
+            handoff: Handoff::OverrideHost,
             discovery: None,
             destination_header: "x-kvroute-destination".into(),
             max_body_bytes: 8 * 1024 * 1024,
@@ -63,6 +66,7 @@ impl Default for Config {
             scheduling: SchedulingConfig::default(),
             outlier_detection: OutlierConfig::default(),
             shared: SharedConfig::default(),
+            failover: FailoverConfig::default(),
         }
     }
 }
@@ -355,6 +359,43 @@ impl Default for SharedConfig {
         SharedConfig {
             key_prefix: "kvroute/".into(),
             log_slots: 512,
+        }
+    }
+}
+
+/// `failover.*`: endpoints that die or hang under traffic (see `stall.rs`
+/// and docs/ARCHITECTURE.md "Failure behaviour").
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailoverConfig {
+    /// An endpoint is stalled (avoided) when requests have waited this long
+    /// on it without any response byte, its `/metrics` has not answered for
+    /// as long, and another endpoint's has; 0 disables.
+    pub stall_after_ms: u64,
+    /// Envoy's per-try timeout (route `retry_policy.per_try_timeout`): an
+    /// attempt with no response headers after this long is cut, and with
+    /// `override_host` retried on a fallback. It also bounds non-streaming
+    /// requests, whose headers come only with the whole answer, and
+    /// prefills of engines that send headers after the prefill; 0: none.
+    pub first_byte_timeout_ms: u64,
+    /// A request Envoy could not get an answer for from the chosen endpoint
+    /// (connect failure, reset or timeout before any response byte; with
+    /// `override_host` also a retry served elsewhere) takes the endpoint out
+    /// of the candidate set for every worker until one of its scrapes answers.
+    pub eject_unanswered: bool,
+    /// With `override_host`: Envoy also retries (on the fallbacks) a request
+    /// whose connection was reset, or timed out, before any response byte
+    /// (`retry_on: reset`), not only connect failures.
+    pub retry_before_response: bool,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        FailoverConfig {
+            stall_after_ms: 500,
+            first_byte_timeout_ms: 60_000,
+            eject_unanswered: true,
+            retry_before_response: true,
         }
     }
 }
@@ -683,6 +724,21 @@ impl Config {
                 "must be 16..=65536",
             ));
         }
+        let f = &self.failover;
+        if f.stall_after_ms != 0 && !(100..=600_000).contains(&f.stall_after_ms) {
+            return Err(err(
+                "failover.stall_after_ms",
+                f.stall_after_ms,
+                "must be 0 (off) or 100..=600000",
+            ));
+        }
+        if f.first_byte_timeout_ms != 0 && !(100..=3_600_000).contains(&f.first_byte_timeout_ms) {
+            return Err(err(
+                "failover.first_byte_timeout_ms",
+                f.first_byte_timeout_ms,
+                "must be 0 (none) or 100..=3600000",
+            ));
+        }
         Ok(())
     }
 }
@@ -754,12 +810,12 @@ mod tests {
 
     #[test]
     fn discovery_replaces_endpoints_only_with_override_host() {
-        let c = parse(r#"{"handoff":"override_host","discovery":{}}"#).unwrap();
+        let c = parse(r#"{"discovery":{}}"#).unwrap();
         assert!(c.endpoints.is_empty());
         assert_eq!(c.handoff, Handoff::OverrideHost);
         assert_eq!(c.discovery.unwrap().interval_ms, 250);
         for (json, field) in [
-            (r#"{"discovery":{}}"#, "discovery"),
+            (r#"{"handoff":"original_dst","discovery":{}}"#, "discovery"),
             (
                 r#"{"handoff":"override_host","discovery":{"interval_ms":1}}"#,
                 "discovery.interval_ms",
@@ -858,6 +914,18 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"allowed_paths":["/a","/a"]}"#,
                 "allowed_paths[1]",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"failover":{"stall_after_ms":10}}"#,
+                "failover.stall_after_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"failover":{"first_byte_timeout_ms":99}}"#,
+                "failover.first_byte_timeout_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"failover":{"retry":true}}"#,
+                "failover.retry",
             ),
             ("not json", "(config)"),
         ];

@@ -3,14 +3,23 @@
 //! burst arrives in between; the filter updates this table the moment it
 //! routes, so the next request already sees the burst (no herding).
 //!
-//! Life of one request on endpoint `e` with `u` uncached prompt tokens:
+//! Life of one request on endpoint `e` with `u` uncached prompt tokens, at
+//! time `t`:
 //!
 //! ```text
-//! route:         add(e, u)              requests += 1, tokens += u
-//! first chunk:   release_tokens(e, u)   tokens -= u   (prefill done)
-//! end of stream: finish(e, r)           requests -= 1, tokens -= r
-//!                (r = u if the first chunk never came, else 0)
+//! route:         add(e, u, t)             requests += 1, tokens += u,
+//!                                         waiting += 1 (progress = t if it was 0)
+//! first chunk:   first_chunk(e, u, t)     tokens -= u (prefill done), waiting -= 1,
+//!                                         progress = t (the endpoint answered)
+//! end of stream: finish(e, r, w)          requests -= 1, tokens -= r, waiting -= w
+//!                (r = u and w = 1 if the first chunk never came, else 0)
 //! ```
+//!
+//! `waiting` and `progress_ms` are what stall detection reads (see
+//! `stall.rs`): requests sent that have not had a response byte yet, and the
+//! last time the endpoint answered one (or started being waited on). A
+//! request that ends without a response byte (reset, timeout, client gone)
+//! is not progress.
 //!
 //! All arithmetic saturates: a lost or doubled event never underflows nor
 //! wraps, and an entry back to zero is dropped, so the table holds at most
@@ -20,8 +29,9 @@
 //! every worker, so it has a compact binary form ([`InFlightTable::encode`]):
 //!
 //! ```text
-//! "KVIF" u8:version=1 u16:count, then per entry (sorted by endpoint):
+//! "KVIF" u8:version=2 u16:count, then per entry (sorted by endpoint):
 //!   u8:family (4|6)  ip (4|16 bytes)  u16:port  u32:requests  u64:tokens
+//!   u32:waiting  u64:progress_ms
 //! all integers little-endian
 //! ```
 //!
@@ -38,12 +48,17 @@ pub struct InFlight {
     pub requests: u32,
     /// Uncached prompt tokens sent whose first response chunk has not arrived.
     pub tokens: u64,
+    /// Requests sent whose first response chunk has not arrived.
+    pub waiting: u32,
+    /// Last time (wall ms) the endpoint answered a request with a first
+    /// chunk, or started being waited on (`waiting` went from 0 to 1).
+    pub progress_ms: u64,
 }
 
 impl InFlight {
-    /// True when nothing is outstanding.
+    /// True when nothing is outstanding (`progress_ms` alone is not kept).
     pub fn is_idle(&self) -> bool {
-        self.requests == 0 && self.tokens == 0
+        self.requests == 0 && self.tokens == 0 && self.waiting == 0
     }
 }
 
@@ -54,7 +69,7 @@ pub struct InFlightTable {
 }
 
 const MAGIC: &[u8; 4] = b"KVIF";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 impl InFlightTable {
     /// An empty table.
@@ -103,25 +118,39 @@ impl InFlightTable {
         }
     }
 
-    /// A request with `tokens` uncached prompt tokens was routed to `endpoint`.
-    pub fn add(&mut self, endpoint: Endpoint, tokens: u64) {
+    /// A request with `tokens` uncached prompt tokens was routed to
+    /// `endpoint` at `now_ms`.
+    pub fn add(&mut self, endpoint: Endpoint, tokens: u64, now_ms: u64) {
         self.update(endpoint, |v| {
             v.requests = v.requests.saturating_add(1);
             v.tokens = v.tokens.saturating_add(tokens);
+            if v.waiting == 0 {
+                v.progress_ms = v.progress_ms.max(now_ms);
+            }
+            v.waiting = v.waiting.saturating_add(1);
         });
     }
 
-    /// The endpoint started answering: its prompt `tokens` are prefilled.
-    pub fn release_tokens(&mut self, endpoint: Endpoint, tokens: u64) {
-        self.update(endpoint, |v| v.tokens = v.tokens.saturating_sub(tokens));
+    /// The endpoint answered a request at `now_ms` (its first response
+    /// chunk): its prompt `tokens` are prefilled, it is no longer waited on.
+    pub fn first_chunk(&mut self, endpoint: Endpoint, tokens: u64, now_ms: u64) {
+        self.update(endpoint, |v| {
+            v.tokens = v.tokens.saturating_sub(tokens);
+            v.waiting = v.waiting.saturating_sub(1);
+            v.progress_ms = v.progress_ms.max(now_ms);
+        });
     }
 
-    /// The request ended (any way); `tokens_not_yet_released` are the prompt
-    /// tokens still counted (its first chunk never arrived), else 0.
-    pub fn finish(&mut self, endpoint: Endpoint, tokens_not_yet_released: u64) {
+    /// The request ended (any way). Without a first chunk (reset, timeout,
+    /// client gone) `unanswered` is its uncached prompt tokens and it stops
+    /// being waited on; after one, pass `None`.
+    pub fn finish(&mut self, endpoint: Endpoint, unanswered: Option<u64>) {
         self.update(endpoint, |v| {
             v.requests = v.requests.saturating_sub(1);
-            v.tokens = v.tokens.saturating_sub(tokens_not_yet_released);
+            if let Some(tokens) = unanswered {
+                v.tokens = v.tokens.saturating_sub(tokens);
+                v.waiting = v.waiting.saturating_sub(1);
+            }
         });
     }
 
@@ -132,7 +161,7 @@ impl InFlightTable {
 
     /// The compact binary form (see the module comment).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(7 + self.entries.len() * 31);
+        let mut out = Vec::with_capacity(7 + self.entries.len() * 43);
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         let n = self.entries.len().min(u16::MAX as usize);
@@ -151,6 +180,8 @@ impl InFlightTable {
             out.extend_from_slice(&e.addr().port().to_le_bytes());
             out.extend_from_slice(&v.requests.to_le_bytes());
             out.extend_from_slice(&v.tokens.to_le_bytes());
+            out.extend_from_slice(&v.waiting.to_le_bytes());
+            out.extend_from_slice(&v.progress_ms.to_le_bytes());
         }
         out
     }
@@ -179,6 +210,8 @@ impl InFlightTable {
             let v = InFlight {
                 requests: u32::from_le_bytes(r.array()?),
                 tokens: u64::from_le_bytes(r.array()?),
+                waiting: u32::from_le_bytes(r.array()?),
+                progress_ms: u64::from_le_bytes(r.array()?),
             };
             if v.is_idle() || entries.last().is_some_and(|(last, _)| *last >= e) {
                 return None;
@@ -218,12 +251,16 @@ mod tests {
     type Step = (
         &'static str,
         Box<dyn Fn(&mut InFlightTable)>,
-        (u32, u64),
-        (u32, u64),
+        (u32, u64, u32),
+        (u32, u64, u32),
     );
 
     fn ep(s: &str) -> Endpoint {
         s.parse().unwrap()
+    }
+
+    fn view(v: InFlight) -> (u32, u64, u32) {
+        (v.requests, v.tokens, v.waiting)
     }
 
     #[test]
@@ -231,52 +268,98 @@ mod tests {
         let a = ep("10.0.0.1:8000");
         let b = ep("[::1]:9000");
         let mut t = InFlightTable::new();
-        // (step, endpoint a after, endpoint b after)
+        // (step, endpoint a after, endpoint b after): (requests, tokens, waiting)
         let steps: Vec<Step> = vec![
-            ("add a", Box::new(move |t| t.add(a, 100)), (1, 100), (0, 0)),
-            ("add a", Box::new(move |t| t.add(a, 50)), (2, 150), (0, 0)),
-            ("add b", Box::new(move |t| t.add(b, 0)), (2, 150), (1, 0)),
+            (
+                "add a",
+                Box::new(move |t| t.add(a, 100, 1)),
+                (1, 100, 1),
+                (0, 0, 0),
+            ),
+            (
+                "add a",
+                Box::new(move |t| t.add(a, 50, 2)),
+                (2, 150, 2),
+                (0, 0, 0),
+            ),
+            (
+                "add b",
+                Box::new(move |t| t.add(b, 0, 3)),
+                (2, 150, 2),
+                (1, 0, 1),
+            ),
             (
                 "chunk a",
-                Box::new(move |t| t.release_tokens(a, 100)),
-                (2, 50),
-                (1, 0),
+                Box::new(move |t| t.first_chunk(a, 100, 4)),
+                (2, 50, 1),
+                (1, 0, 1),
             ),
-            ("end a", Box::new(move |t| t.finish(a, 0)), (1, 50), (1, 0)),
             (
-                "end a early",
-                Box::new(move |t| t.finish(a, 50)),
-                (0, 0),
-                (1, 0),
+                "end a",
+                Box::new(move |t| t.finish(a, None)),
+                (1, 50, 1),
+                (1, 0, 1),
+            ),
+            (
+                "end a unanswered",
+                Box::new(move |t| t.finish(a, Some(50))),
+                (0, 0, 0),
+                (1, 0, 1),
             ),
             (
                 "double end a",
-                Box::new(move |t| t.finish(a, 999)),
-                (0, 0),
-                (1, 0),
+                Box::new(move |t| t.finish(a, Some(999))),
+                (0, 0, 0),
+                (1, 0, 1),
             ),
             (
-                "stray chunk",
-                Box::new(move |t| t.release_tokens(b, 7)),
-                (0, 0),
-                (1, 0),
+                "chunk b",
+                Box::new(move |t| t.first_chunk(b, 7, 5)),
+                (0, 0, 0),
+                (1, 0, 0),
             ),
-            ("end b", Box::new(move |t| t.finish(b, 0)), (0, 0), (0, 0)),
+            (
+                "end b",
+                Box::new(move |t| t.finish(b, None)),
+                (0, 0, 0),
+                (0, 0, 0),
+            ),
         ];
         for (what, f, wa, wb) in steps {
             f(&mut t);
-            assert_eq!((t.get(&a).requests, t.get(&a).tokens), wa, "{what}");
-            assert_eq!((t.get(&b).requests, t.get(&b).tokens), wb, "{what}");
+            assert_eq!(view(t.get(&a)), wa, "{what}");
+            assert_eq!(view(t.get(&b)), wb, "{what}");
         }
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn progress_marks_answers_and_the_start_of_waiting_only() {
+        let a = ep("10.0.0.1:8000");
+        let mut t = InFlightTable::new();
+        t.add(a, 0, 100);
+        assert_eq!(t.get(&a).progress_ms, 100, "waiting starts");
+        t.add(a, 0, 200);
+        assert_eq!(t.get(&a).progress_ms, 100, "already waited on");
+        t.finish(a, Some(0));
+        assert_eq!(
+            t.get(&a).progress_ms,
+            100,
+            "an unanswered end is no progress"
+        );
+        t.first_chunk(a, 0, 300);
+        assert_eq!(t.get(&a).progress_ms, 300, "an answer is progress");
+        assert_eq!(t.get(&a).waiting, 0);
+        t.add(a, 0, 250);
+        assert_eq!(t.get(&a).progress_ms, 300, "never goes back in time");
     }
 
     #[test]
     fn saturates_at_the_top() {
         let a = ep("10.0.0.1:8000");
         let mut t = InFlightTable::new();
-        t.add(a, u64::MAX);
-        t.add(a, 5);
+        t.add(a, u64::MAX, 0);
+        t.add(a, 5, 0);
         assert_eq!(t.get(&a).tokens, u64::MAX);
     }
 
@@ -284,8 +367,8 @@ mod tests {
     fn retain_drops_endpoints_outside_the_pool() {
         let (a, b) = (ep("10.0.0.1:8000"), ep("10.0.0.2:8000"));
         let mut t = InFlightTable::new();
-        t.add(a, 1);
-        t.add(b, 1);
+        t.add(a, 1, 0);
+        t.add(b, 1, 0);
         t.retain(&[b]);
         assert_eq!(t.iter().map(|(e, _)| e).collect::<Vec<_>>(), vec![b]);
     }
@@ -294,19 +377,19 @@ mod tests {
     fn codec_roundtrip() {
         let mut t = InFlightTable::new();
         assert_eq!(InFlightTable::decode(&t.encode()), Some(t.clone()));
-        t.add(ep("10.0.0.2:8000"), 7);
-        t.add(ep("10.0.0.1:8001"), u64::MAX);
-        t.add(ep("[2001:db8::1]:443"), 0);
+        t.add(ep("10.0.0.2:8000"), 7, 5);
+        t.add(ep("10.0.0.1:8001"), u64::MAX, u64::MAX);
+        t.add(ep("[2001:db8::1]:443"), 0, 0);
         let bytes = t.encode();
-        assert_eq!(bytes.len(), 7 + 2 * 19 + 31);
+        assert_eq!(bytes.len(), 7 + 2 * 31 + 43);
         assert_eq!(InFlightTable::decode(&bytes), Some(t));
     }
 
     #[test]
     fn codec_rejects_garbage_without_panicking() {
         let mut t = InFlightTable::new();
-        t.add(ep("10.0.0.1:8000"), 3);
-        t.add(ep("10.0.0.2:8000"), 4);
+        t.add(ep("10.0.0.1:8000"), 3, 1);
+        t.add(ep("10.0.0.2:8000"), 4, 1);
         let good = t.encode();
         for cut in 0..good.len() {
             assert_eq!(InFlightTable::decode(&good[..cut]), None, "cut {cut}");
@@ -325,7 +408,7 @@ mod tests {
         let mut unsorted = good.clone();
         unsorted[7 + 4] = 9; // first ip becomes 10.0.0.9 > 10.0.0.2
         let mut idle = good.clone();
-        idle[14..26].fill(0);
+        idle[14..30].fill(0);
         for (what, b) in [
             ("trailing", trailing),
             ("magic", magic),

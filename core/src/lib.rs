@@ -19,6 +19,7 @@
 //! Time (`now_ms`) and randomness (a seeded [`fastrand::Rng`]) are always
 //! passed in, so tests, the simulator and the filter control them.
 
+pub mod answer;
 pub mod config;
 pub mod discovery;
 pub mod endpoint;
@@ -32,3 +33,4 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod shared;
+pub mod stall;

@@ -14,6 +14,7 @@ use crate::outlier::OutlierTable;
 use crate::prefix::PrefixIndex;
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::EndpointStates;
+use crate::stall;
 use hashbrown::HashMap;
 
 /// Pool, prefix index and scheduler of one VM.
@@ -88,10 +89,26 @@ impl Router {
         }
     }
 
+    /// Pool endpoints stalled at `now_ms` (see [`crate::stall`]).
+    pub fn stalled(
+        &self,
+        states: &EndpointStates,
+        inflight: impl Fn(Endpoint) -> InFlight,
+        now_ms: u64,
+    ) -> Vec<Endpoint> {
+        stall::stalled(
+            &self.pool,
+            states,
+            inflight,
+            now_ms,
+            self.config.failover.stall_after_ms,
+        )
+    }
+
     /// Picks an endpoint for a request whose prompt hashed into `blocks`
     /// (empty when the body was not understood). An endpoint is healthy when
-    /// its scrapes answer and passive health has not ejected it. `None` only
-    /// for an empty pool.
+    /// its scrapes answer, passive health has not ejected it and it is not
+    /// stalled. `None` only for an empty pool.
     #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &self,
@@ -109,6 +126,7 @@ impl Router {
             self.index.longest_prefix(blocks)
         };
         let metrics = &self.config.metrics;
+        let stalled = self.stalled(states, &inflight, now_ms);
         let candidates: Vec<Candidate> = self
             .pool
             .iter()
@@ -118,7 +136,8 @@ impl Router {
                     endpoint,
                     snapshot: state.fresh(now_ms, metrics.stale_after_ms),
                     healthy: state.healthy(metrics.unhealthy_after_failures)
-                        && !outliers.ejected(endpoint, now_ms),
+                        && !outliers.ejected(endpoint, now_ms)
+                        && !stalled.contains(&endpoint),
                     matched_blocks: matches
                         .iter()
                         .find(|(e, _)| *e == endpoint)
@@ -271,6 +290,63 @@ mod tests {
             );
         }
         assert_eq!(d(&r, &outliers, until, &mut rng).endpoint, sticky);
+    }
+
+    #[test]
+    fn a_stalled_endpoint_loses_its_sticky_traffic_until_it_answers() {
+        let mut r = router(3);
+        let mut rng = fastrand::Rng::with_seed(5);
+        let blocks: Vec<u64> = (1..=20).collect();
+        let none = OutlierTable::default();
+        let mut states = idle_states(&r, 0);
+        let sticky = r
+            .decide(
+                &blocks,
+                1280,
+                &states,
+                &none,
+                |_| InFlight::default(),
+                0,
+                &mut rng,
+            )
+            .unwrap()
+            .endpoint;
+        r.learn(sticky, &blocks, 0);
+        // At 1000 ms: one request has waited on `sticky` since 400 ms, its
+        // scrapes stopped answering at 0; the others answered at 990.
+        for e in r.pool().to_vec() {
+            if e != sticky {
+                states.succeed(e, MetricsSnapshot::default(), 990);
+            }
+        }
+        let waiting = move |e: Endpoint| {
+            if e == sticky {
+                InFlight {
+                    requests: 1,
+                    tokens: 0,
+                    waiting: 1,
+                    progress_ms: 400,
+                }
+            } else {
+                InFlight::default()
+            }
+        };
+        assert_eq!(r.stalled(&states, waiting, 1_000), vec![sticky]);
+        let d = r
+            .decide(&blocks, 1280, &states, &none, waiting, 1_000, &mut rng)
+            .unwrap();
+        assert_ne!(d.endpoint, sticky, "stalled endpoint chosen");
+        // Not yet stalled at 899 ms (waited 499 ms): affinity holds.
+        let d = r
+            .decide(&blocks, 1280, &states, &none, waiting, 899, &mut rng)
+            .unwrap();
+        assert_eq!(d.endpoint, sticky);
+        // It answers a scrape: a candidate again.
+        states.succeed(sticky, MetricsSnapshot::default(), 1_000);
+        let d = r
+            .decide(&blocks, 1280, &states, &none, waiting, 1_001, &mut rng)
+            .unwrap();
+        assert_eq!(d.endpoint, sticky);
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Faults {
     pub metrics_delay_ms: u64,
     /// Whether `/metrics` returns junk instead of Prometheus text.
     pub metrics_garbage: bool,
+    /// Whether `/metrics` answers HTTP 500 (after `metrics_delay_ms`).
+    pub metrics_error: bool,
     /// Phantom requests: reported as waiting in the metrics and delaying each new
     /// inference request by `queue_inflate x PHANTOM_REQUEST_SECS` simulated seconds.
     pub queue_inflate: u64,
@@ -49,6 +51,8 @@ pub struct FaultUpdate {
     pub metrics_delay_ms: Option<u64>,
     /// See [`Faults::metrics_garbage`].
     pub metrics_garbage: Option<bool>,
+    /// See [`Faults::metrics_error`].
+    pub metrics_error: Option<bool>,
     /// See [`Faults::queue_inflate`].
     pub queue_inflate: Option<u64>,
     /// Take the pod down (refuse connections) for this many wall milliseconds, then
@@ -90,6 +94,9 @@ impl FaultUpdate {
         if let Some(v) = self.metrics_garbage {
             f.metrics_garbage = v;
         }
+        if let Some(v) = self.metrics_error {
+            f.metrics_error = v;
+        }
         if let Some(v) = self.queue_inflate {
             f.queue_inflate = v;
         }
@@ -112,9 +119,10 @@ mod tests {
         FaultUpdate::parse(br#"{"error_rate":0.5,"queue_inflate":3}"#)
             .unwrap()
             .apply(&mut f);
-        FaultUpdate::parse(br#"{"metrics_garbage":true}"#)
+        FaultUpdate::parse(br#"{"metrics_garbage":true,"metrics_error":true}"#)
             .unwrap()
             .apply(&mut f);
+        assert!(f.metrics_error);
         assert_eq!(f.error_rate, 0.5);
         assert_eq!(f.queue_inflate, 3);
         assert!(f.metrics_garbage);

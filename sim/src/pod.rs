@@ -371,6 +371,11 @@ impl Pod {
         )
     }
 
+    /// Whether `/metrics` must answer 500 (the `metrics_error` fault).
+    pub fn metrics_failing(&self) -> bool {
+        lock(&self.faults).faults.metrics_error
+    }
+
     /// The `/metrics` body, honouring the `metrics_delay_ms` and `metrics_garbage` faults.
     pub async fn metrics_text(&self) -> String {
         self.metrics_requests.fetch_add(1, Ordering::Relaxed);

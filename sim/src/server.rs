@@ -109,6 +109,13 @@ async fn models(State(pod): State<Arc<Pod>>) -> Response {
 
 async fn metrics(State(pod): State<Arc<Pod>>) -> Response {
     let text = pod.metrics_text().await;
+    if pod.metrics_failing() {
+        return respond(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain; charset=utf-8",
+            "kvroute-sim: injected /metrics failure (metrics_error fault)\n",
+        );
+    }
     respond(
         StatusCode::OK,
         "text/plain; version=0.0.4; charset=utf-8",

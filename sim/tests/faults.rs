@@ -64,8 +64,18 @@ fn error_rate_latency_and_metrics_faults() {
     assert_eq!(m.status, 200);
     assert!(!m.body.contains("# TYPE vllm:"));
 
+    post(
+        &s.url(0, "/sim/fault"),
+        r#"{"metrics_garbage":false,"metrics_error":true}"#,
+    );
+    let m = get(&s.url(0, "/metrics"));
+    assert_eq!(m.status, 500);
+    assert!(!m.body.contains("# TYPE vllm:"));
+    assert_eq!(infer().status, 200, "inference unaffected");
+
     let st = post(&s.url(0, "/sim/reset"), "").json();
     assert_eq!(st["faults"]["metrics_garbage"], false);
+    assert_eq!(st["faults"]["metrics_error"], false);
     assert_eq!(st["faults"]["error_rate"], 0.0);
     assert_eq!(infer().status, 200);
     assert!(get(&s.url(0, "/metrics")).body.contains("# TYPE vllm:"));

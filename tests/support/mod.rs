@@ -121,6 +121,17 @@ pub fn try_get(url: &str) -> Option<Reply> {
     agent().get(url).call().ok().map(reply)
 }
 
+/// POST a JSON body; `None` on a transport error (connection refused,
+/// reset, timeout).
+pub fn try_post_json(url: &str, body: &Value) -> Option<Reply> {
+    agent()
+        .post(url)
+        .header("content-type", "application/json")
+        .send(&serde_json::to_vec(body).unwrap()[..])
+        .ok()
+        .map(reply)
+}
+
 /// POST a JSON body.
 pub fn post_json(url: &str, body: &Value) -> Reply {
     post_raw(
@@ -166,6 +177,12 @@ pub struct Sim {
 impl Sim {
     /// Starts `pods` pods with extra CLI arguments and waits until all answer.
     pub fn start(pods: usize, extra: &[&str]) -> Sim {
+        Sim::start_at(free_port_block(pods as u16), pods, extra)
+    }
+
+    /// [`Sim::start`] with pod 0 on `base_port` (e.g. to restart a killed
+    /// pod on the same port).
+    pub fn start_at(base_port: u16, pods: usize, extra: &[&str]) -> Sim {
         let bin = std::env::var("KVROUTE_SIM")
             .map(PathBuf::from)
             .unwrap_or_else(|_| root().join("target/release/kvroute-sim"));
@@ -174,7 +191,6 @@ impl Sim {
             "{} missing: run ./build.sh build",
             bin.display()
         );
-        let base_port = free_port_block(pods as u16);
         let child = Command::new(&bin)
             .args([
                 "--pods",
@@ -201,6 +217,22 @@ impl Sim {
             });
         }
         sim
+    }
+
+    /// SIGKILLs the process (all its pods) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends `signal` (`"STOP"`, `"CONT"`) to the process: a frozen pod
+    /// still accepts connections (the kernel does) but answers nothing.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{signal} {}", self.child.id());
     }
 
     /// `127.0.0.1:<port of pod i>`.
@@ -244,6 +276,7 @@ impl Sim {
 
 impl Drop for Sim {
     fn drop(&mut self) {
+        // A stopped process dies of SIGKILL too.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -16,6 +16,10 @@ pub struct ScrapeState {
     pub scraped_at_ms: u64,
     /// Failed scrapes since the last success.
     pub failures: u32,
+    /// When a scrape was last answered at all (readable or not, wall-clock
+    /// ms): the endpoint's process is alive (stall detection reads it).
+    #[serde(default)]
+    pub answered_at_ms: u64,
 }
 
 impl ScrapeState {
@@ -53,20 +57,35 @@ impl EndpointStates {
         let s = self.entry(endpoint);
         s.snapshot = Some(snapshot);
         s.scraped_at_ms = now_ms;
+        s.answered_at_ms = now_ms;
         s.failures = 0;
     }
 
     /// Records a scrape the endpoint answered without readable metrics: it
     /// is reachable (the failure streak ends) but its snapshot is not renewed.
-    pub fn reachable(&mut self, endpoint: Endpoint) {
-        self.entry(endpoint).failures = 0;
+    pub fn reachable(&mut self, endpoint: Endpoint, now_ms: u64) {
+        let s = self.entry(endpoint);
+        s.failures = 0;
+        s.answered_at_ms = now_ms;
+    }
+
+    /// Envoy could not get an answer from the endpoint for a request (connect
+    /// failure, reset or timeout before any response byte): it counts as
+    /// `threshold` failed scrapes, so it leaves the candidate set at once and
+    /// comes back with the next scrape it answers. Returns whether it was a
+    /// candidate before (a change).
+    pub fn unreachable(&mut self, endpoint: Endpoint, threshold: u32) -> bool {
+        let s = self.entry(endpoint);
+        let was = s.failures < threshold;
+        s.failures = s.failures.max(threshold);
+        was
     }
 
     /// Records one scrape's outcome.
     pub fn record(&mut self, endpoint: Endpoint, outcome: ScrapeOutcome, now_ms: u64) {
         match outcome {
             ScrapeOutcome::Snapshot(s) => self.succeed(endpoint, s, now_ms),
-            ScrapeOutcome::Unreadable => self.reachable(endpoint),
+            ScrapeOutcome::Unreadable => self.reachable(endpoint, now_ms),
             ScrapeOutcome::Unreachable => {
                 self.fail(endpoint);
             }
@@ -158,6 +177,33 @@ mod tests {
         assert!(t.get(a).healthy(3));
         assert_eq!(t.get(a).scraped_at_ms, 1_000);
         assert_eq!(t.get(a).fresh(3_500, 2_000), None);
+    }
+
+    #[test]
+    fn an_unanswered_request_makes_an_endpoint_unhealthy_until_a_scrape_answers() {
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:8000");
+        t.record(
+            a,
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default()),
+            1_000,
+        );
+        assert_eq!(t.get(a).answered_at_ms, 1_000);
+        assert!(t.unreachable(a, 3), "was a candidate");
+        assert!(!t.get(a).healthy(3));
+        assert!(!t.unreachable(a, 3), "no change the second time");
+        t.record(a, ScrapeOutcome::Unreachable, 1_050);
+        assert_eq!(t.get(a).failures, 4);
+        t.record(a, ScrapeOutcome::Unreadable, 1_100);
+        assert!(t.get(a).healthy(3));
+        assert_eq!(t.get(a).answered_at_ms, 1_100);
+        // an old encoding without answered_at_ms still decodes
+        let old =
+            br#"{"entries":[["10.0.0.1:8000",{"snapshot":null,"scraped_at_ms":5,"failures":1}]]}"#;
+        assert_eq!(
+            EndpointStates::decode(old).unwrap().get(a).answered_at_ms,
+            0
+        );
     }
 
     #[test]

@@ -1,0 +1,88 @@
+//! Did the endpoint kvroute chose answer the request? Read from what Envoy
+//! reports when the response starts: `response.code_details` (why Envoy
+//! sent this response) and `upstream.address` (the host of the last try).
+//!
+//! ```text
+//! details "via_upstream", upstream = chosen      answered
+//! details "via_upstream", upstream = other       not answered (a retry
+//!                                                 on a fallback answered)
+//! details upstream_reset_before_response_started{...}  not answered
+//!         (connect refused or timed out, reset before any byte)
+//! details upstream_per_try_timeout               not answered (no first
+//!         byte within failover.first_byte_timeout_ms)
+//! anything else (no upstream tried, e.g. a local reply)  no verdict
+//! ```
+//!
+//! A "not answered" makes the shell take the endpoint out of the candidate
+//! set at once, for every worker, until a scrape of it answers (see
+//! `EndpointStates::unreachable`): a dead pod costs one failed try, not one
+//! per worker and scrape period.
+
+use crate::endpoint::Endpoint;
+
+/// What a response says about the chosen endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The chosen endpoint sent the response.
+    Answered,
+    /// Envoy could not get a response byte from the chosen endpoint.
+    NotAnswered,
+    /// The response says nothing about the endpoint.
+    Unknown,
+}
+
+/// Classifies a response of a request routed to `chosen`.
+pub fn verdict(code_details: &str, upstream_address: Option<&str>, chosen: Endpoint) -> Verdict {
+    if code_details == "via_upstream" {
+        return match upstream_address.and_then(|a| a.parse::<Endpoint>().ok()) {
+            Some(e) if e != chosen => Verdict::NotAnswered,
+            _ => Verdict::Answered,
+        };
+    }
+    if code_details.starts_with("upstream_reset_before_response_started")
+        || code_details == "upstream_per_try_timeout"
+    {
+        // With retries the last try may have gone elsewhere; every try
+        // failed, the first (the chosen endpoint) included.
+        return Verdict::NotAnswered;
+    }
+    Verdict::Unknown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn verdict_table() {
+        let chosen: Endpoint = "127.0.0.1:8001".parse().unwrap();
+        let cases = [
+            ("via_upstream", Some("127.0.0.1:8001"), Verdict::Answered),
+            ("via_upstream", None, Verdict::Answered),
+            ("via_upstream", Some("garbage"), Verdict::Answered),
+            ("via_upstream", Some("127.0.0.1:8002"), Verdict::NotAnswered),
+            (
+                "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}",
+                Some("127.0.0.1:8001"),
+                Verdict::NotAnswered,
+            ),
+            (
+                "upstream_reset_before_response_started{connection_termination}",
+                None,
+                Verdict::NotAnswered,
+            ),
+            ("upstream_per_try_timeout", None, Verdict::NotAnswered),
+            ("response_payload_too_large", None, Verdict::Unknown),
+            ("", None, Verdict::Unknown),
+        ];
+        for (details, upstream, want) in cases {
+            assert_eq!(
+                verdict(details, upstream, chosen),
+                want,
+                "{details} {upstream:?}"
+            );
+        }
+    }
+}
