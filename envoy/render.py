@@ -16,6 +16,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_WASM = os.path.join(ROOT, "target", "wasm32-wasip1", "release", "kvroute.wasm")
 DEFAULT_ENVOY = os.path.join(ROOT, ".venv", "bin", "envoy")
+# Set by kvroute on streaming inference requests (client copies removed),
+# removed again before the request leaves Envoy: selects the route whose
+# per-try timeout is failover.first_byte_timeout_ms.
+STREAM_HEADER = "x-kvroute-stream"
 
 
 def host_port(value: str, what: str):
@@ -96,6 +100,7 @@ def render(args) -> str:
     # Baselines (no kvroute) keep Envoy's plain connect-failure retries.
     failover = plugin.get("failover") or {}
     first_byte_ms = 0 if baseline else int(failover.get("first_byte_timeout_ms", 60_000))
+    response_ms = 0 if baseline else int(failover.get("response_timeout_ms", 0))
     max_body = int(plugin.get("max_body_bytes", 8 * 1024 * 1024))
     listen_host, listen_port = args.listen
     admin_host, admin_port = args.admin
@@ -114,32 +119,54 @@ def render(args) -> str:
         # (plus headers). Bodies up to this limit are always served.
         "buffer_limit_bytes": args.buffer_limit or 2 * max_body + 64 * 1024,
         "route_idle_timeout": args.idle_timeout,
-        # failover.*: Envoy's per-try timeout cuts an attempt with no response
-        # headers yet (verified on Envoy 1.40: it stops once headers arrive,
-        # so it never cuts a stream that has started).
-        "per_try_timeout": (f"                              per_try_timeout: {first_byte_ms / 1000:g}s\n"
-                            if first_byte_ms > 0 else ""),
         "retry_on": ",".join(["connect-failure", "refused-stream", "reset-before-request"]
                              + (["reset"] if not baseline and failover.get("retry_before_response", True) else [])),
     }
     filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", values)]
     filters.append(fragment("filter_router.yaml.tmpl", values))
-    if not baseline and handoff == "original_dst":
+    original_dst = not baseline and handoff == "original_dst"
+
+    def retry(per_try_ms: int) -> str:
+        """The route's retry policy. failover.*: Envoy's per-try timeout cuts
+        an attempt with no response headers yet (verified on Envoy 1.40: it
+        stops once headers arrive, so it never cuts a stream that started)."""
+        per_try = f"      per_try_timeout: {per_try_ms / 1000:g}s\n" if per_try_ms > 0 else ""
+        if original_dst:
+            if per_try_ms <= 0:
+                return ""
+            return fragment("retry_policy_original_dst.yaml.tmpl", dict(values, per_try_timeout=per_try))
+        return fragment("retry_policy.yaml.tmpl", dict(values, per_try_timeout=per_try))
+
+    def route(match: str, per_try_ms: int, remove_stream_header: bool) -> str:
+        return fragment("route.yaml.tmpl", dict(
+            values, match=match, retry_policy=retry(per_try_ms),
+            headers_to_remove=("  request_headers_to_remove: [ " + STREAM_HEADER + " ]"
+                               if remove_stream_header else "")))
+
+    # kvroute marks streaming inference requests with STREAM_HEADER; their
+    # response headers come before the first token, so they alone get the
+    # first-byte bound. Other requests' headers come with the whole answer:
+    # failover.response_timeout_ms (none by default) bounds them.
+    if baseline or first_byte_ms == response_ms:
+        routes = [route('{ prefix: "/" }', first_byte_ms, not baseline)]
+    else:
+        stream_match = ('{ prefix: "/", headers: [ { name: ' + STREAM_HEADER
+                        + ', present_match: true } ] }')
+        routes = [route(stream_match, first_byte_ms, True), route('{ prefix: "/" }', response_ms, True)]
+    if original_dst:
         clusters = [fragment("cluster_original_dst.yaml.tmpl", values)]
-        retry = fragment("retry_policy_original_dst.yaml.tmpl", values) if first_byte_ms > 0 else ""
     else:
         if baseline:
             lb = f"  lb_policy: {args.lb.upper()}"
         else:
             lb = fragment("lb_override_host.yaml.tmpl", values)
         clusters = [fragment("cluster_members.yaml.tmpl", dict(values, membership=membership(args, endpoints), lb=lb))]
-        retry = fragment("retry_policy.yaml.tmpl", values)
     if not baseline and plugin.get("discovery") is not None:
         clusters.append(fragment("cluster_admin.yaml.tmpl", values))
     values.update(
         http_filters=indent("\n".join(filters), 18),
         clusters=indent("\n".join(clusters), 4),
-        retry_policy=retry,
+        routes=indent("\n".join(routes), 24),
         local_reply=indent(fragment("local_reply.yaml.tmpl", values), 16),
     )
     with open(args.template) as f:

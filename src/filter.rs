@@ -32,7 +32,7 @@ use crate::root::now_ms;
 use crate::stats::Counter;
 use crate::vm_state::{Routed, VmState};
 use kvroute_core::answer::{verdict, Verdict};
-use kvroute_core::config::Handoff;
+use kvroute_core::config::{Handoff, STREAM_HEADER};
 use kvroute_core::error_reply::ErrorReply;
 use kvroute_core::path_policy;
 use kvroute_core::request::{parse, ApiKind, InferenceRequest};
@@ -92,6 +92,9 @@ impl RequestFilter {
             Some(r) => {
                 let header = self.state.borrow().config().destination_header.clone();
                 self.set_http_request_header(&header, Some(&r.header_value()));
+                if request.is_some_and(|q| q.stream) {
+                    self.set_http_request_header(STREAM_HEADER, Some("1"));
+                }
                 self.routed = Some(r);
                 true
             }
@@ -170,6 +173,9 @@ impl HttpContext for RequestFilter {
         }
         // Removes every value of the header, whatever its case on the wire.
         self.set_http_request_header(&header, None);
+        // Only kvroute marks a request as streaming (it picks the route's
+        // first-byte bound).
+        self.set_http_request_header(STREAM_HEADER, None);
 
         let path = self.get_http_request_header(":path").unwrap_or_default();
         let allowed = path_policy::is_allowed(&self.state.borrow().config().allowed_paths, &path);

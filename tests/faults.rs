@@ -323,7 +323,9 @@ fn frozen_pod_is_avoided_within_a_second_and_its_requests_are_retried() {
     // The first-byte bound (3 s) is longer than the detection asserted below
     // (1 s), so only stall detection can explain the avoidance; scrapes
     // alone need 3 x 1 s timeouts.
-    let c = config(json!({"failover": {"first_byte_timeout_ms": 3000}}));
+    // Mostly non-streaming load: their bound is response_timeout_ms.
+    let c =
+        config(json!({"failover": {"first_byte_timeout_ms": 3000, "response_timeout_ms": 3000}}));
     let envoy = Envoy::start(&endpoints(&sims), c, 2);
     warm_up(&envoy);
     let victim = sims[1].endpoint(0);
@@ -372,11 +374,12 @@ fn frozen_pod_with_original_dst_answers_504_at_the_first_byte_bound() {
     warm_up(&envoy);
     let victim = sims[1].endpoint(0);
     sims[1].signal("STOP");
-    // Four at once: cold requests spread, so some are sent to the frozen pod.
+    // Four streams at once: cold requests spread, so some are sent to the
+    // frozen pod (a stream's first byte is bounded by first_byte_timeout_ms).
     let t0 = Instant::now();
     let first: Vec<Outcome> = std::thread::scope(|s| {
         let h: Vec<_> = (0..4)
-            .map(|_| s.spawn(|| send(envoy.port, false, 4, t0)))
+            .map(|_| s.spawn(|| send(envoy.port, true, 4, t0)))
             .collect();
         h.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -401,6 +404,48 @@ fn frozen_pod_with_original_dst_answers_504_at_the_first_byte_bound() {
         later.iter().all(|o| o.chosen != victim),
         "frozen pod chosen again"
     );
+}
+
+#[test]
+fn a_long_non_streaming_answer_is_not_cut_by_the_stream_bound() {
+    // A non-streaming answer's headers come with its last token: the
+    // first-byte bound (1 s here) is for streams only, so a 2 s answer
+    // completes once, neither cut nor retried (before, Envoy's per-try
+    // timeout applied to every request: 504 after 3 tries, 3 x the compute).
+    let sim = Sim::start(1, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        config(json!({"failover": {"first_byte_timeout_ms": 1000}})),
+        1,
+    );
+    warm_up(&envoy);
+    let served = sim.state(0)["requests_served"].as_u64().unwrap_or(0);
+    sim.fault(0, json!({"extra_latency_ms": 2000}));
+    let t0 = Instant::now();
+    let plain = send(envoy.port, false, 4, t0);
+    println!("non-streaming 2 s answer: {plain:?}");
+    assert_eq!(plain.status, 200, "{plain:?}");
+    assert!(plain.elapsed >= Duration::from_millis(2000), "{plain:?}");
+    let after = sim.state(0)["requests_served"].as_u64().unwrap_or(0);
+    assert_eq!(after - served, 1, "the answer was computed more than once");
+    // A client cannot put itself on the streaming route: kvroute removes
+    // client copies of its marker.
+    let marked = post_raw(
+        &envoy.url("/v1/completions"),
+        "application/json",
+        serde_json::to_vec(&request(false, 4)).unwrap(),
+        &[("x-kvroute-stream", "1")],
+    );
+    assert_eq!(marked.status, 200, "{}", marked.body);
+    // The same delay before a stream's first byte: the stream bound applies
+    // (one pod, so the retries have nowhere else to go: 504).
+    sim.fault(0, json!({"extra_latency_ms": 0}));
+    let frozen_start = Instant::now();
+    sim.signal("STOP");
+    let stream = send(envoy.port, true, 4, frozen_start);
+    sim.signal("CONT");
+    println!("stream to a frozen pod: {stream:?}");
+    assert_eq!(stream.status, 504, "{stream:?}");
 }
 
 #[test]

@@ -9,6 +9,13 @@ use crate::path_policy::{default_allowed_paths, PathRule};
 use serde::Deserialize;
 use std::fmt;
 
+/// Request header kvroute sets on streaming inference requests (after
+/// removing any client copy), for Envoy's route table: streaming requests
+/// get `failover.first_byte_timeout_ms` as their per-try timeout, others
+/// `failover.response_timeout_ms`. The route removes it before the request
+/// leaves Envoy.
+pub const STREAM_HEADER: &str = "x-kvroute-stream";
+
 /// The whole plugin configuration.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -372,12 +379,17 @@ pub struct FailoverConfig {
     /// on it without any response byte, its `/metrics` has not answered for
     /// as long, and another endpoint's has; 0 disables.
     pub stall_after_ms: u64,
-    /// Envoy's per-try timeout (route `retry_policy.per_try_timeout`): an
-    /// attempt with no response headers after this long is cut, and with
-    /// `override_host` retried on a fallback. It also bounds non-streaming
-    /// requests, whose headers come only with the whole answer, and
-    /// prefills of engines that send headers after the prefill; 0: none.
+    /// Envoy's per-try timeout (route `retry_policy.per_try_timeout`) for
+    /// streaming inference requests (`"stream": true`, marked by kvroute
+    /// with [`STREAM_HEADER`]): an attempt with no response headers after
+    /// this long is cut, and with `override_host` retried on a fallback.
+    /// Engines send a stream's headers when it starts (vLLM, SGLang), so
+    /// this bounds the wait on a frozen pod, not a long prefill; 0: none.
     pub first_byte_timeout_ms: u64,
+    /// The same bound for every other request: a non-streaming response's
+    /// headers come only with its last token, so this cuts generations
+    /// longer than it; 0 (default): none (the route idle timeout remains).
+    pub response_timeout_ms: u64,
     /// A request Envoy could not get an answer for from the chosen endpoint
     /// (connect failure, reset or timeout before any response byte; with
     /// `override_host` also a retry served elsewhere) takes the endpoint out
@@ -394,6 +406,7 @@ impl Default for FailoverConfig {
         FailoverConfig {
             stall_after_ms: 500,
             first_byte_timeout_ms: 60_000,
+            response_timeout_ms: 0,
             eject_unanswered: true,
             retry_before_response: true,
         }
@@ -732,12 +745,13 @@ impl Config {
                 "must be 0 (off) or 100..=600000",
             ));
         }
-        if f.first_byte_timeout_ms != 0 && !(100..=3_600_000).contains(&f.first_byte_timeout_ms) {
-            return Err(err(
-                "failover.first_byte_timeout_ms",
-                f.first_byte_timeout_ms,
-                "must be 0 (none) or 100..=3600000",
-            ));
+        for (field, v) in [
+            ("failover.first_byte_timeout_ms", f.first_byte_timeout_ms),
+            ("failover.response_timeout_ms", f.response_timeout_ms),
+        ] {
+            if v != 0 && !(100..=3_600_000).contains(&v) {
+                return Err(err(field, v, "must be 0 (none) or 100..=3600000"));
+            }
         }
         Ok(())
     }
@@ -922,6 +936,10 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"failover":{"first_byte_timeout_ms":99}}"#,
                 "failover.first_byte_timeout_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"failover":{"response_timeout_ms":5}}"#,
+                "failover.response_timeout_ms",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"failover":{"retry":true}}"#,

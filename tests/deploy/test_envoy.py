@@ -82,29 +82,51 @@ def wasm_filter(wasm, plugin_json=None):
     return {"name": ext["name"], "typed_config": ext["typed_config"]}
 
 
-def istio_gateway_bootstrap(wasm, bridge=True, plugin_json=None):
-    vs = find("VirtualService", "kvroute")["spec"]["http"][0]
-    dest = vs["route"][0]["destination"]
-    cluster_name = f"outbound|{dest['port']['number']}||{dest['host']}"
-    route = {
-        "name": vs["name"],
-        "match": {"prefix": vs["match"][0]["uri"]["prefix"]},
-        # What Istio generates from the VirtualService (timeout, retries with
-        # its default previous_hosts predicate).
-        "route": {
-            "cluster": cluster_name,
-            "timeout": vs["timeout"],
-            "retry_policy": {
-                "retry_on": vs["retries"]["retryOn"],
-                "num_retries": vs["retries"]["attempts"],
-                "retry_host_predicate": [{
-                    "name": "envoy.retry_host_predicates.previous_hosts",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-                "host_selection_retry_max_attempts": 5,
-            },
-        },
+def _route_patch(name):
+    """The EnvoyFilter HTTP_ROUTE patch for the gateway route `name`."""
+    return next(p["patch"]["value"] for p in _patches("kvroute")
+                if p["applyTo"] == "HTTP_ROUTE"
+                and p["match"]["routeConfiguration"]["vhost"]["route"]["name"] == name)
+
+
+def _istio_route(http):
+    """What Istio generates from one VirtualService http route (match,
+    timeout, retries with its default previous_hosts predicate, request
+    headers to remove), with the EnvoyFilter's patch of that route."""
+    dest = http["route"][0]["destination"]
+    match = {"prefix": http["match"][0]["uri"]["prefix"]}
+    headers = http["match"][0].get("headers", {})
+    if headers:
+        match["headers"] = [{"name": k, "string_match": v} for k, v in headers.items()]
+    retries = http["retries"]
+    retry = {
+        "retry_on": retries["retryOn"],
+        "num_retries": retries["attempts"],
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+        "host_selection_retry_max_attempts": 5,
     }
-    route = deep_merge(route, _one("kvroute", "HTTP_ROUTE"))
+    if "perTryTimeout" in retries:
+        retry["per_try_timeout"] = retries["perTryTimeout"]
+    route = {
+        "name": http["name"],
+        "match": match,
+        "route": {
+            "cluster": f"outbound|{dest['port']['number']}||{dest['host']}",
+            "timeout": http["timeout"],
+            "retry_policy": retry,
+        },
+        "request_headers_to_remove": http.get("headers", {}).get("request", {}).get("remove", []),
+    }
+    return deep_merge(route, _route_patch(http["name"]))
+
+
+def istio_gateway_bootstrap(wasm, bridge=True, plugin_json=None):
+    vs = find("VirtualService", "kvroute")["spec"]["http"]
+    routes = [_istio_route(http) for http in vs]
+    cluster_name = routes[0]["route"]["cluster"]
+    assert all(r["route"]["cluster"] == cluster_name for r in routes)
     filters = [wasm_filter(wasm, plugin_json)]
     if bridge:
         filters.append(_one("kvroute-inferencepool-bridge", "HTTP_FILTER"))
@@ -119,7 +141,7 @@ def istio_gateway_bootstrap(wasm, bridge=True, plugin_json=None):
                 "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                 "stat_prefix": "outbound_0.0.0.0_8080",
                 "route_config": {"name": "http.8080", "virtual_hosts": [
-                    {"name": "*:80", "domains": ["*"], "routes": [route]}]},
+                    {"name": "*:80", "domains": ["*"], "routes": routes}]},
                 "http_filters": filters,
             }}]}],
     }

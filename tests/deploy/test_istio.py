@@ -172,14 +172,24 @@ def test_buffers_hold_max_body_bytes_and_streams_have_no_deadline():
     assert route["patch"]["value"]["request_body_buffer_limit"] >= 2 * max_body
     assert route["patch"]["value"]["route"]["idle_timeout"]
     vs = find("VirtualService", "kvroute")
-    http = vs["spec"]["http"][0]
-    assert route["match"]["routeConfiguration"]["vhost"]["route"]["name"] == http["name"]
-    assert http["timeout"] == "0s"
-    assert "connect-failure" in http["retries"]["retryOn"]
-    dest = http["route"][0]["destination"]
+    patched = {p["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+               for p in _patches() if p["applyTo"] == "HTTP_ROUTE"}
     merge = next(p for p in _patches() if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "MERGE")
-    assert (dest["host"], dest["port"]["number"]) == (merge["match"]["cluster"]["service"],
-                                                      merge["match"]["cluster"]["portNumber"])
+    for http in vs["spec"]["http"]:
+        assert http["name"] in patched, http["name"]
+        assert http["timeout"] == "0s"
+        assert "connect-failure" in http["retries"]["retryOn"]
+        # kvroute's stream marker never leaves the gateway.
+        assert "x-kvroute-stream" in http["headers"]["request"]["remove"]
+        dest = http["route"][0]["destination"]
+        assert (dest["host"], dest["port"]["number"]) == (merge["match"]["cluster"]["service"],
+                                                          merge["match"]["cluster"]["portNumber"])
+    # Only streaming requests (marked by kvroute) get a first-byte bound: a
+    # non-streaming answer's headers come with its last token.
+    stream, other = vs["spec"]["http"]
+    assert stream["match"][0]["headers"] == {"x-kvroute-stream": {"exact": "1"}}
+    assert "perTryTimeout" in stream["retries"]
+    assert "perTryTimeout" not in other["retries"]
 
 
 def test_destination_rule_keeps_locality_lb_off():
