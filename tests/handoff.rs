@@ -14,18 +14,7 @@ use support::*;
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
 fn chat(tag: &str, turn: usize) -> Value {
-    let mut system = format!("Assistant {tag}. ");
-    while system.len() < 3_000 {
-        system.push_str(&format!("{tag} has long and specific instructions. "));
-    }
-    let mut messages = vec![json!({"role": "system", "content": system})];
-    for t in 0..=turn {
-        messages.push(json!({"role": "user", "content": format!("question {t}")}));
-        if t < turn {
-            messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
-        }
-    }
-    json!({"model": MODEL, "max_tokens": 4, "messages": messages})
+    conversation_turn(MODEL, tag, turn)
 }
 
 /// The endpoint kvroute chose, from the debug header ("" when kvroute had

@@ -132,6 +132,25 @@ pub fn try_post_json(url: &str, body: &Value) -> Option<Reply> {
         .map(reply)
 }
 
+/// Turn `turn` (0-based) of conversation `tag`: a ~3 KB system prompt of
+/// its own, then the user/assistant turns so far (each turn's body extends
+/// the previous one's).
+pub fn conversation_turn(model: &str, tag: &str, turn: usize) -> Value {
+    let mut system = format!("Assistant {tag}. ");
+    while system.len() < 3_000 {
+        system.push_str(&format!("{tag} has long and specific instructions. "));
+    }
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {t}")}));
+        if t < turn {
+            messages
+                .push(serde_json::json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    serde_json::json!({"model": model, "max_tokens": 4, "messages": messages})
+}
+
 /// POST a JSON body.
 pub fn post_json(url: &str, body: &Value) -> Reply {
     post_raw(
