@@ -236,7 +236,7 @@ impl RootContext for KvRouteRoot {
         };
         let now = now_ms(self);
         let mut state = state.borrow_mut();
-        state.refresh();
+        state.refresh(now);
         let interval = state.config().metrics.scrape_interval_ms;
         let ttl = (3 * interval).max(200);
         if state.store.claim_lease(state.vm_id, now, ttl) {

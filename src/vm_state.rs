@@ -112,9 +112,9 @@ impl VmState {
         self.own_seqs.retain(|s| *s >= next);
     }
 
-    /// Tick: refresh the pool (discovery), scrape states and the replicated
-    /// prefix index.
-    pub fn refresh(&mut self) {
+    /// Tick at `now_ms`: refresh the pool (discovery), scrape states and the
+    /// replicated prefix index; count endpoints that became stalled.
+    pub fn refresh(&mut self, now_ms: u64) {
         if self.config().discovery.is_some() {
             if let Some(pool) = self.store.pool() {
                 self.router.set_pool(pool);
@@ -124,6 +124,15 @@ impl VmState {
         self.outliers = self.store.outliers();
         self.router.observe(&self.states);
         self.replay_log();
+        // Stalls are counted and logged here, once a tick; each decision
+        // checks them itself.
+        if self.config().failover.stall_after_ms > 0 {
+            let inflight = self.store.inflight();
+            let stalled = self
+                .router
+                .stalled(&self.states, |e| inflight.get(&e), now_ms);
+            self.note_stalls(stalled);
+        }
     }
 
     /// Routes one request (`None` when its body was not understood or it is
@@ -135,10 +144,6 @@ impl VmState {
             None => (&[][..], 0),
         };
         let inflight = self.store.inflight();
-        self.note_stalls(
-            self.router
-                .stalled(&self.states, |e| inflight.get(&e), now_ms),
-        );
         let decision = self.router.decide(
             blocks,
             prompt_tokens,
