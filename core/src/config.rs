@@ -114,7 +114,7 @@ impl Default for DiscoveryConfig {
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Engine {
-    /// Detect from the names present (vLLM, SGLang, TensorRT-LLM).
+    /// Detect from the names present (vLLM, SGLang, TensorRT-LLM, llama.cpp).
     Auto,
     /// vLLM (`vllm:*`).
     Vllm,
@@ -122,6 +122,8 @@ pub enum Engine {
     Sglang,
     /// TensorRT-LLM serve (`trtllm_*`).
     Trtllm,
+    /// llama.cpp's `llama-server` started with `--metrics` (`llamacpp:*`).
+    Llamacpp,
     /// Only the names given in `metrics.names`.
     Custom,
 }

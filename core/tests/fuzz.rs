@@ -62,7 +62,7 @@ const REQUESTS: [&str; 5] = [
     include_str!("../../tests/fixtures/requests/completions-text.json"),
 ];
 
-const METRICS: [&str; 10] = [
+const METRICS: [&str; 12] = [
     include_str!(
         "../../tests/fixtures/metrics/sglang-aibrix1614-deepseek-r1-dp-ranks-fragment.txt"
     ),
@@ -75,6 +75,8 @@ const METRICS: [&str; 10] = [
     include_str!("../../tests/fixtures/metrics/vllm-0.29.0-v1-qwen2.5-1.5b-inferstack.txt"),
     include_str!("../../tests/fixtures/metrics/vllm-llm-d-inference-sim-kthena1129-fragment.txt"),
     include_str!("../../tests/fixtures/metrics/vllm-v1-0.8-era-qwen2.5-coder-32b-fragment.txt"),
+    include_str!("../../tests/fixtures/metrics/llamacpp-11434-smollm2-np2-one-processing.txt"),
+    include_str!("../../tests/fixtures/metrics/llamacpp-11434-smollm2-after-3-requests.txt"),
 ];
 
 const CONFIGS: [&str; 4] = [

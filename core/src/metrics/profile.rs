@@ -3,12 +3,18 @@
 //! given in the config (`custom`), and `auto` (detect the engine from the
 //! names present).
 //!
-//! | field | vLLM | SGLang | TensorRT-LLM serve |
-//! |---|---|---|---|
-//! | `waiting` | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `trtllm_num_requests_waiting` |
-//! | `running` | `vllm:num_requests_running` | `sglang:num_running_reqs` | `trtllm_num_requests_running` |
-//! | `kv_usage` | `vllm:kv_cache_usage_perc`, else `vllm:gpu_cache_usage_perc` (V0 / early V1) | `sglang:token_usage` | `trtllm_kv_cache_utilization` |
-//! | `kv_capacity_tokens` | `vllm:cache_config_info` labels `block_size` x `num_gpu_blocks` | - | - |
+//! | field | vLLM | SGLang | TensorRT-LLM serve | llama.cpp `llama-server --metrics` |
+//! |---|---|---|---|---|
+//! | `waiting` | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `trtllm_num_requests_waiting` | `llamacpp:requests_deferred` |
+//! | `running` | `vllm:num_requests_running` | `sglang:num_running_reqs` | `trtllm_num_requests_running` | `llamacpp:requests_processing` |
+//! | `kv_usage` | `vllm:kv_cache_usage_perc`, else `vllm:gpu_cache_usage_perc` (V0 / early V1) | `sglang:token_usage` | `trtllm_kv_cache_utilization` | `llamacpp:kv_cache_usage_ratio` (servers before mid-2025; current ones have none) |
+//! | `kv_capacity_tokens` | `vllm:cache_config_info` labels `block_size` x `num_gpu_blocks` | - | - | - |
+//!
+//! llama.cpp: `requests_deferred` are requests waiting for a free slot (the
+//! queue), `requests_processing` the busy slots. A current `llama-server`
+//! reports no KV usage: the kv-cache scorer then scores it neutral, and its
+//! load is read from the queue, the busy slots and kvroute's own in-flight
+//! requests and uncached prompt tokens.
 //!
 //! All kv-usage gauges above are fractions 0..1 (vLLM's `_perc` name
 //! notwithstanding: its HELP says "1 means 100 percent"). `metrics.names`
@@ -26,7 +32,7 @@
 //!
 //! **Auto-detection** reads the union of the known names in one pass and
 //! takes the engine with the most load names present (ties: vLLM, SGLang,
-//! TensorRT-LLM). A scrape with none of the chosen profile's load names
+//! TensorRT-LLM, llama.cpp). A scrape with none of the chosen profile's load names
 //! (`waiting`, `running`, `kv_usage`) is an error: the endpoint is not a
 //! model server kvroute understands, or it was misconfigured.
 
@@ -85,6 +91,16 @@ pub const TRTLLM: NameProfile<'static> = NameProfile {
     cache_config: None,
 };
 
+/// llama.cpp's `llama-server --metrics`.
+pub const LLAMACPP: NameProfile<'static> = NameProfile {
+    engine: Engine::Llamacpp,
+    waiting: Some("llamacpp:requests_deferred"),
+    running: Some("llamacpp:requests_processing"),
+    kv_usage: [Some("llamacpp:kv_cache_usage_ratio"), None],
+    kv_usage_scale: 1.0,
+    cache_config: None,
+};
+
 impl<'a> NameProfile<'a> {
     /// The built-in profile of a known engine (`None` for auto/custom).
     pub fn builtin(engine: Engine) -> Option<NameProfile<'static>> {
@@ -92,6 +108,7 @@ impl<'a> NameProfile<'a> {
             Engine::Vllm => Some(VLLM),
             Engine::Sglang => Some(SGLANG),
             Engine::Trtllm => Some(TRTLLM),
+            Engine::Llamacpp => Some(LLAMACPP),
             Engine::Auto | Engine::Custom => None,
         }
     }
@@ -115,7 +132,7 @@ impl<'a> NameProfile<'a> {
     /// The profiles a config reads with (several for `auto`, in tie order).
     pub fn for_config(cfg: &'a MetricsConfig) -> Vec<NameProfile<'a>> {
         match cfg.engine {
-            Engine::Auto => [VLLM, SGLANG, TRTLLM]
+            Engine::Auto => [VLLM, SGLANG, TRTLLM, LLAMACPP]
                 .into_iter()
                 .map(|p| p.with_overrides(cfg))
                 .collect(),
@@ -353,6 +370,31 @@ mod tests {
         let (s, e) = read(fixture!("triton-base-metrics-readme.txt"), &c).unwrap();
         assert_eq!(e, Engine::Custom);
         assert_eq!(s, snap(0.0, 0.0, None, None));
+    }
+
+    #[test]
+    fn llamacpp_real_scrapes_are_auto_detected() {
+        // Real llama-server scrapes (tests/fixtures/metrics/SOURCES.md):
+        // no KV gauge, the busy slots are `running`, the deferred queue
+        // `waiting`.
+        for (text, running) in [
+            (
+                fixture!("llamacpp-11434-smollm2-np2-one-processing.txt"),
+                1.0,
+            ),
+            (fixture!("llamacpp-11434-smollm2-after-3-requests.txt"), 0.0),
+        ] {
+            let (s, e) = read(text, &cfg(Engine::Auto)).unwrap();
+            assert_eq!(e, Engine::Llamacpp);
+            assert_eq!(s, snap(0.0, running, None, None));
+            assert_eq!(read(text, &cfg(Engine::Llamacpp)).unwrap().0, s);
+            assert!(read(text, &cfg(Engine::Vllm)).is_err());
+        }
+        // An older server's KV gauge is read when present.
+        let old = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 3\n\
+                   llamacpp:kv_cache_usage_ratio 0.25\n";
+        let (s, e) = read(old, &cfg(Engine::Auto)).unwrap();
+        assert_eq!((e, s), (Engine::Llamacpp, snap(3.0, 2.0, Some(0.25), None)));
     }
 
     #[test]
