@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! candidates --filters--> kept --scorers (clamp 0..1, x weight, sum)--> score per kept
-//!            --picker (max; ties and cold: rendezvous hash of the first block)--> Decision
+//!            --picker (max; ties and cold: rendezvous hash with peers, else random / least recently picked)--> Decision
 //! ```
 //!
 //! Layout: contracts in [`plugin`], one file per filter in [`filter`] and
@@ -90,7 +90,8 @@ pub struct RequestFacts {
     pub prompt_tokens: u64,
     /// Decides ties and cold picks by rendezvous hashing (`picker`): the
     /// first block's hash, so requests sharing a leading block agree on
-    /// every replica; `None` when the prompt was not read.
+    /// every replica; `None` when the prompt was not read or the gateway
+    /// has no peers.
     pub affinity_key: Option<u64>,
 }
 
@@ -486,9 +487,10 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut counts = vec![0; cands.len()];
         for t in 0..n {
-            // Distinct new conversations: distinct first blocks.
+            // Distinct new conversations: distinct first blocks (keyed
+            // with peers: odd seeds here).
             let facts = RequestFacts {
-                affinity_key: Some(seed << 32 | t as u64),
+                affinity_key: (seed % 2 == 1).then_some(seed << 32 | t as u64),
                 ..req(blocks)
             };
             let d = s.pick(&facts, cands, &mut rng).unwrap();

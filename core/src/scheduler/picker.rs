@@ -3,27 +3,28 @@
 //! **What**: picks the candidate with the highest weighted score (llm-d's
 //! `max-score-picker`).
 //!
-//! **Ties, and cold requests, are decided by rendezvous hashing** of the
-//! request's affinity key (its first block hash) over the tied candidates:
-//! each candidate gets `xxh3(endpoint, seed = key)` and the highest wins.
-//! The choice depends only on the request and the candidate set, never on
-//! which gateway replica or worker makes it, so replicas that have not yet
-//! heard of each other's decisions (`peer/`) still send a burst of new
-//! conversations sharing a first block to one endpoint, and distinct ones
-//! spread as a hash spreads. A request with no key (its body was not read)
-//! falls back to the seeded RNG.
+//! **With peers (several gateway replicas), ties and cold requests are
+//! decided by rendezvous hashing** of the request's affinity key (its first
+//! block hash) over the tied candidates: each gets `xxh3(endpoint, seed =
+//! key)` and the highest wins. The choice depends only on the request and
+//! the candidate set, never on which replica or worker makes it, so
+//! replicas that have not yet heard of each other's decisions (`peer/`)
+//! still send a burst of new conversations sharing a first block to one
+//! endpoint, and distinct ones spread as a hash spreads. A lone gateway has
+//! no key (a rotation spreads a handful of new conversations more evenly
+//! than a hash): ties go to the seeded RNG, cold requests to the least
+//! recently picked candidate.
 //!
 //! **Cold requests** (no candidate holds any block of the prompt): every
-//! candidate scoring within `margin` of the best is acceptable, and the
-//! rendezvous choice is made among those. The margin is the load bound:
-//! `scheduling.cold_margin` x the sum of the weights (default 5%, half a
-//! point at the default weights), so an endpoint that already has about two
-//! more requests in flight than the least loaded one (each costs
-//! `inflight_requests / min_range_inflight` = 0.25) drops out of the set,
-//! and a burst of new conversations between two scrapes spreads over the
-//! pool instead of piling on one endpoint. Without a key, the least
-//! recently picked acceptable candidate wins (ties at random), which
-//! rotates a burst of unreadable requests.
+//! candidate scoring within `margin` of the best is acceptable. The margin
+//! is the load bound: `scheduling.cold_margin` x the sum of the weights
+//! (default 5%, half a point at the default weights), so an endpoint that
+//! already has about two more requests in flight than the least loaded one
+//! (each costs `inflight_requests / min_range_inflight` = 0.25) drops out
+//! of the set, and a burst of new conversations between two scrapes spreads
+//! over the pool instead of piling on one endpoint. Among the acceptable
+//! ones: the rendezvous choice (with a key), else the least recently picked
+//! (ties at random), which rotates a burst.
 //!
 //! ```text
 //! best  = max score
