@@ -162,15 +162,17 @@ def istio_gateway_bootstrap(wasm, bridge=True, plugin_json=None):
                               "interval": "5s", "base_ejection_time": "30s", "max_ejection_percent": 50},
     }
     pool = deep_merge(pool, _one("kvroute", "CLUSTER", "MERGE"))
+    listeners = [listener]
+    clusters = [pool, _one("kvroute", "CLUSTER", "ADD", name="kvroute_admin")]
     # The peer sync (pieces 8-10), as Istio appends them: the ADDed listener
-    # untouched by the MERGE patches, its ECDS filter inline here.
-    return {
-        "static_resources": {
-            "listeners": [listener, peer_listener(wasm, plugin_json)],
-            "clusters": [pool, _one("kvroute", "CLUSTER", "ADD", name="kvroute_admin"),
-                         _one("kvroute", "CLUSTER", "ADD", name="kvroute_peers")],
-        }
-    }
+    # untouched by the MERGE patches, its ECDS filter inline here. Left out
+    # for a plugin config without `peers` (the compose demo's), as
+    # `./build.sh serve` does without --peer-listen: the kvroute_peer root
+    # refuses to start without that section.
+    if plugin_json is None or "peers" in json.loads(plugin_json):
+        listeners.append(peer_listener(wasm, plugin_json))
+        clusters.append(_one("kvroute", "CLUSTER", "ADD", name="kvroute_peers"))
+    return {"static_resources": {"listeners": listeners, "clusters": clusters}}
 
 
 def peer_listener(wasm, plugin_json=None):
@@ -372,3 +374,17 @@ def test_negative_real_filter_rejects_bad_plugin_config(envoy, wasm_module, tmp_
     assert_invalid(envoy_validate(envoy, istio_gateway_bootstrap(wasm, plugin_json=json.dumps(bad)), tmp_path))
     bad = dict(cfg, handof="override_host")  # unknown field
     assert_invalid(envoy_validate(envoy, istio_gateway_bootstrap(wasm, plugin_json=json.dumps(bad)), tmp_path))
+
+
+def test_negative_real_peer_root_without_peers_rejected(envoy, wasm_module, tmp_path):
+    """The peer listener's filter really starts kvroute's `kvroute_peer` root
+    (which needs the `peers` section), not a second routing filter."""
+    wasm, real = wasm_module
+    if not real:
+        pytest.skip("kvroute.wasm not built (./build.sh build)")
+    cfg = istio_gateway_bootstrap(wasm)
+    peer = _peer_hcm(cfg)["http_filters"][0]["typed_config"]["config"]["configuration"]
+    plugin = json.loads(peer["value"])
+    del plugin["peers"]
+    peer["value"] = json.dumps(plugin)
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
