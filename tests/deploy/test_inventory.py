@@ -18,6 +18,7 @@ VALIDATED_BY = {
     "istio/gateway.yaml": "test_istio",
     "istio/gateway-deployment.yaml": "test_kubernetes, test_peers",
     "istio/peers.yaml": "test_kubernetes, test_peers",
+    "istio/peers-networkpolicy.yaml": "test_kubernetes, test_peers",
     "istio/envoyfilter-kvroute.yaml": "test_istio, test_envoy, test_peers",
     "istio/envoyfilter-inferencepool-bridge.yaml": "test_istio, test_envoy",
     "istio/wasmplugin.yaml": "test_istio, test_plugin_config",

@@ -4,8 +4,9 @@ kvroute's peer sync on Kubernetes needs pieces from four files to agree:
   * gateway-deployment.yaml: the gateway pods (>= 2 replicas), which expose
     the peer port, and the public Service, which must not;
   * peers.yaml: the headless Service `kvroute-peers` over exactly the pods
-    that run kvroute, and a NetworkPolicy that admits the peer port only from
-    them while leaving every other port as it was;
+    that run kvroute;
+  * peers-networkpolicy.yaml: admits the peer port only from those pods
+    while leaving every other port as it was;
   * envoyfilter-kvroute.yaml: the plugin's `peers` section, the peer
     listener (root_id `kvroute_peer`, same VM and plugin JSON as the routing
     filter, nothing proxied), and the `kvroute_peers` cluster resolving the
@@ -112,8 +113,9 @@ def check_selectors(w):
         problems.append("NetworkPolicy: podSelector is not the kvroute gateway pods")
     if w["wasmplugin"]["spec"]["selector"]["matchLabels"] != ef_sel:
         problems.append("WasmPlugin: selects other pods than the EnvoyFilter")
-    if w["peers"]["metadata"]["namespace"] != w["deployment"]["metadata"]["namespace"]:
-        problems.append("kvroute-peers: not in the gateway's namespace (a Service selects pods of its own)")
+    for key in ("peers", "netpol"):
+        if w[key]["metadata"]["namespace"] != w["deployment"]["metadata"]["namespace"]:
+            problems.append(f"{key}: not in the gateway's namespace (it selects pods of its own namespace)")
     return problems
 
 
@@ -411,6 +413,10 @@ def _peers_select_other_pods(w):
     w["peers"]["spec"]["selector"] = {"app": "kvroute-sim"}
 
 
+def _netpol_elsewhere(w):
+    w["netpol"]["metadata"]["namespace"] = "kvroute"
+
+
 def _not_headless(w):
     del w["peers"]["spec"]["clusterIP"]
 
@@ -454,6 +460,7 @@ BROKEN = [
     (check_peers_cluster, _cluster_slow_connect),
     (check_replicas, _one_replica),
     (check_selectors, _peers_select_other_pods),
+    (check_selectors, _netpol_elsewhere),
     (check_headless_service, _not_headless),
     (check_headless_service, _ready_only),
     (check_public_service, _public_exposes_peer_port),
