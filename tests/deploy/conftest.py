@@ -104,14 +104,29 @@ def envoy_validate(envoy: Path, config: dict | str, workdir: Path) -> subprocess
     )
 
 
+def patch_value(envoyfilter: str, apply_to: str, op: str | None = None,
+                name: str | None = None) -> dict:
+    """The value of the one configPatch of EnvoyFilter `envoyfilter` that
+    applies to `apply_to` (with operation `op` and value name `name` when
+    given); fails when none or several match."""
+    found = [p["patch"]["value"] for p in find("EnvoyFilter", envoyfilter)["spec"]["configPatches"]
+             if p["applyTo"] == apply_to
+             and (op is None or p["patch"]["operation"] == op)
+             and (name is None or p["patch"].get("value", {}).get("name") == name)]
+    assert len(found) == 1, f"{envoyfilter}: {len(found)} {apply_to} {op or ''} {name or ''} patches"
+    return found[0]
+
+
 def plugin_configs() -> list[tuple[str, dict]]:
-    """Every kvroute plugin JSON config that ships in a manifest."""
+    """Every kvroute plugin JSON config that ships in a manifest (both wasm
+    filters of the EnvoyFilter: the routing one and the peer one)."""
     out = []
     ef = find("EnvoyFilter", "kvroute")
     for patch in ef["spec"]["configPatches"]:
         if patch["applyTo"] == "EXTENSION_CONFIG":
-            cfg = patch["patch"]["value"]["typed_config"]["config"]["configuration"]
-            out.append(("istio/envoyfilter-kvroute.yaml", json.loads(cfg["value"])))
+            value = patch["patch"]["value"]
+            cfg = value["typed_config"]["config"]["configuration"]
+            out.append((f"istio/envoyfilter-kvroute.yaml:{value['name']}", json.loads(cfg["value"])))
     wp = find("WasmPlugin", "kvroute")
     out.append(("istio/wasmplugin.yaml", wp["spec"]["pluginConfig"]))
     out.append(("compose/kvroute.json", json.loads((COMPOSE / "kvroute.json").read_text())))

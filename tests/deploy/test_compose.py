@@ -61,12 +61,60 @@ def test_sim_addresses_match_the_plugin_config_and_subnet():
     assert ipaddress.ip_address(doc["services"]["envoy"]["networks"]["pool"]["ipv4_address"]) in subnet
 
 
+def _envoys(doc):
+    """The gateway replicas (services envoy, envoy2, ...)."""
+    return {n: s for n, s in doc["services"].items() if n.startswith("envoy")}
+
+
 def test_envoy_mounts_the_rendered_config_and_envoy_waits_for_the_pool():
-    envoy = compose()["services"]["envoy"]
-    assert "./envoy.yaml:/etc/envoy/envoy.yaml:ro" in envoy["volumes"]
-    assert set(envoy["depends_on"]) == {n for n in compose()["services"] if n.startswith("sim")}
-    # Published on the host's loopback only.
-    assert all(p.startswith("127.0.0.1:") for p in envoy["ports"])
+    envoys = _envoys(compose())
+    assert len(envoys) >= 2, "the demo runs two gateway replicas"
+    host_ports = []
+    for envoy in envoys.values():
+        assert "./envoy.yaml:/etc/envoy/envoy.yaml:ro" in envoy["volumes"]
+        assert set(envoy["depends_on"]) == {n for n in compose()["services"] if n.startswith("sim")}
+        # Published on the host's loopback only, the API port only.
+        assert all(p.startswith("127.0.0.1:") and p.endswith(":10000") for p in envoy["ports"])
+        host_ports += [p.split(":")[1] for p in envoy["ports"]]
+    assert len(host_ports) == len(set(host_ports)), "each replica on its own host port"
+
+
+def check_replicas_are_peers(doc, cfg):
+    """Every gateway replica is a member of the rendered kvroute_peers cluster
+    (and nothing else is), on the peer listener's port, which no replica
+    publishes."""
+    problems = []
+    peer = next((lis for lis in cfg["static_resources"]["listeners"] if lis["name"] == "kvroute_peer"), None)
+    if peer is None:
+        return ["envoy.yaml: no kvroute_peer listener"]
+    port = peer["address"]["socket_address"]["port_value"]
+    cluster = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "kvroute_peers")
+    members = sorted(f"{e['endpoint']['address']['socket_address']['address']}:"
+                     f"{e['endpoint']['address']['socket_address']['port_value']}"
+                     for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"])
+    want = sorted(f"{s['networks']['pool']['ipv4_address']}:{port}" for s in _envoys(doc).values())
+    if members != want:
+        problems.append(f"kvroute_peers members {members}, want the replicas {want}")
+    for name, s in _envoys(doc).items():
+        if any(p.split(":")[-1] == str(port) for p in s.get("ports", [])):
+            problems.append(f"{name}: publishes the peer port {port}")
+    return problems
+
+
+def test_the_replicas_are_each_others_peers():
+    cfg = yaml.safe_load((COMPOSE / "envoy.yaml").read_text())
+    assert check_replicas_are_peers(compose(), cfg) == []
+
+
+def test_negative_replica_missing_from_peers_or_peer_port_published_reported():
+    cfg = yaml.safe_load((COMPOSE / "envoy.yaml").read_text())
+    doc = compose()
+    doc["services"]["envoy3"] = copy.deepcopy(doc["services"]["envoy2"])
+    doc["services"]["envoy3"]["networks"]["pool"]["ipv4_address"] = "172.28.0.4"
+    assert any("members" in p for p in check_replicas_are_peers(doc, cfg))
+    doc = compose()
+    doc["services"]["envoy2"]["ports"].append("127.0.0.1:10100:10100")
+    assert any("publishes" in p for p in check_replicas_are_peers(doc, cfg))
 
 
 def _essentials(cfg):
@@ -76,7 +124,10 @@ def _essentials(cfg):
     kv = next(f for f in hcm["http_filters"] if f["name"] == "kvroute")["typed_config"]["config"]
     clusters = {c["name"]: c for c in cfg["static_resources"]["clusters"]}
     up = clusters["kvroute_upstream"]
+    peer = next((lis for lis in cfg["static_resources"]["listeners"] if lis["name"] == "kvroute_peer"), None)
     return {
+        "peer_listen": peer and peer["address"],
+        "peers": clusters.get("kvroute_peers", {}).get("load_assignment"),
         "listen": listener["address"],
         "admin": cfg["admin"]["address"],
         "buffer": listener["per_connection_buffer_limit_bytes"],

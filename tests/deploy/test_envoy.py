@@ -26,7 +26,7 @@ import json
 import pytest
 import yaml
 
-from conftest import COMPOSE, ROOT, deep_merge, envoy_validate, find, plugin_configs
+from conftest import COMPOSE, ROOT, deep_merge, envoy_validate, find, patch_value, plugin_configs
 
 ROUTER = {"name": "envoy.filters.http.router",
           "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
@@ -67,14 +67,14 @@ def _patches(name):
     return find("EnvoyFilter", name)["spec"]["configPatches"]
 
 
-def _one(name, apply_to, op=None):
-    return next(p["patch"]["value"] for p in _patches(name)
-                if p["applyTo"] == apply_to and (op is None or p["patch"]["operation"] == op))
+def _one(envoyfilter, apply_to, op=None, name=None):
+    return patch_value(envoyfilter, apply_to, op, name)
 
 
-def wasm_filter(wasm, plugin_json=None):
-    """The EXTENSION_CONFIG value as an inline HTTP filter, code from a file."""
-    ext = copy.deepcopy(_one("kvroute", "EXTENSION_CONFIG"))
+def wasm_filter(wasm, plugin_json=None, name="kvroute"):
+    """The EXTENSION_CONFIG value `name` as an inline HTTP filter, code from a
+    file (what istio-agent hands Envoy after fetching the oci:// image)."""
+    ext = copy.deepcopy(_one("kvroute", "EXTENSION_CONFIG", name=name))
     cfg = ext["typed_config"]["config"]
     cfg["vm_config"]["code"] = {"local": {"filename": str(wasm)}}
     if plugin_json is not None:
@@ -145,7 +145,7 @@ def istio_gateway_bootstrap(wasm, bridge=True, plugin_json=None):
                 "http_filters": filters,
             }}]}],
     }
-    listener = deep_merge(listener, _one("kvroute", "LISTENER"))
+    listener = deep_merge(listener, _one("kvroute", "LISTENER", "MERGE"))
     hcm = listener["filter_chains"][0]["filters"][0]
     listener["filter_chains"][0]["filters"][0] = deep_merge(hcm, _one("kvroute", "NETWORK_FILTER"))
     # Istio's EDS cluster for the Service, with the DestinationRule's policy;
@@ -162,12 +162,28 @@ def istio_gateway_bootstrap(wasm, bridge=True, plugin_json=None):
                               "interval": "5s", "base_ejection_time": "30s", "max_ejection_percent": 50},
     }
     pool = deep_merge(pool, _one("kvroute", "CLUSTER", "MERGE"))
-    return {
-        "static_resources": {
-            "listeners": [listener],
-            "clusters": [pool, _one("kvroute", "CLUSTER", "ADD")],
-        }
-    }
+    listeners = [listener]
+    clusters = [pool, _one("kvroute", "CLUSTER", "ADD", name="kvroute_admin")]
+    # The peer sync (pieces 8-10), as Istio appends them: the ADDed listener
+    # untouched by the MERGE patches, its ECDS filter inline here. Left out
+    # for a plugin config without `peers` (the compose demo's), as
+    # `./build.sh serve` does without --peer-listen: the kvroute_peer root
+    # refuses to start without that section.
+    if plugin_json is None or "peers" in json.loads(plugin_json):
+        listeners.append(peer_listener(wasm, plugin_json))
+        clusters.append(_one("kvroute", "CLUSTER", "ADD", name="kvroute_peers"))
+    return {"static_resources": {"listeners": listeners, "clusters": clusters}}
+
+
+def peer_listener(wasm, plugin_json=None):
+    """The LISTENER ADD `kvroute_peer` with its ECDS filter (piece 8) inline;
+    bound to loopback for the run (validate mode binds nothing anyway)."""
+    lis = copy.deepcopy(_one("kvroute", "LISTENER", "ADD", name="kvroute_peer"))
+    lis["address"]["socket_address"]["address"] = "127.0.0.1"
+    hcm = lis["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["http_filters"][0]["name"] == "kvroute_peer"
+    hcm["http_filters"][0] = wasm_filter(wasm, plugin_json, name="kvroute_peer")
+    return lis
 
 
 def test_istio_envoyfilter_pieces_validate(envoy, wasm_module, tmp_path):
@@ -210,6 +226,10 @@ def ecds_bootstrap(wasm, tmp_path):
     cfg = istio_gateway_bootstrap(wasm)
     hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["http_filters"][0] = copy.deepcopy(_one("kvroute", "HTTP_FILTER"))
+    # The peer listener exactly as patch 9 adds it (its filter over ECDS too).
+    peer = copy.deepcopy(_one("kvroute", "LISTENER", "ADD", name="kvroute_peer"))
+    peer["address"]["socket_address"]["address"] = "127.0.0.1"
+    cfg["static_resources"]["listeners"][1] = peer
     cfg["node"] = {"id": "router~127.0.0.1~gateway.istio-system~istio-system.svc.cluster.local",
                    "cluster": "istio-ingressgateway.istio-system"}
     cfg["dynamic_resources"] = {"ads_config": {
@@ -238,6 +258,102 @@ def test_negative_ecds_insert_with_wrong_type_url_rejected(envoy, wasm_module, t
     assert_invalid(envoy_validate(envoy, cfg, tmp_path))
 
 
+def _peer_hcm(cfg):
+    lis = next(x for x in cfg["static_resources"]["listeners"] if x["name"] == "kvroute_peer")
+    return lis["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def test_negative_peer_listener_with_bad_direct_response_rejected(envoy, wasm_module, tmp_path):
+    cfg = istio_gateway_bootstrap(wasm_module[0])
+    route = _peer_hcm(cfg)["route_config"]["virtual_hosts"][0]["routes"][0]
+    route["direct_response"]["status"] = 99  # not an HTTP status
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
+
+
+def test_negative_peer_listener_filter_over_ecds_with_wrong_type_url_rejected(envoy, wasm_module, tmp_path):
+    cfg = ecds_bootstrap(wasm_module[0], tmp_path)
+    _peer_hcm(cfg)["http_filters"][0]["config_discovery"]["type_urls"] = [
+        "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.WasmFilter"]
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
+
+
+def test_negative_peers_cluster_with_bad_dns_family_rejected(envoy, wasm_module, tmp_path):
+    cfg = istio_gateway_bootstrap(wasm_module[0])
+    peers = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "kvroute_peers")
+    peers["dns_lookup_family"] = "V4_PREFERED"
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
+
+
+def test_negative_two_listeners_on_one_port_rejected(envoy, wasm_module, tmp_path):
+    """Validate mode does check listener addresses: the peer listener on the
+    public listener's port is refused (so the two really are distinct)."""
+    cfg = istio_gateway_bootstrap(wasm_module[0])
+    lis = cfg["static_resources"]["listeners"]
+    lis[1]["address"] = copy.deepcopy(lis[0]["address"])
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
+
+
+# --- the optional peer mTLS from docs/DEPLOY.md ------------------------------
+
+def docs_snippet(marker):
+    """The YAML block right after `<!-- tests/deploy/test_envoy.py: marker -->`
+    in docs/DEPLOY.md (what an operator copies)."""
+    text = (ROOT / "docs" / "DEPLOY.md").read_text()
+    tag = f"<!-- tests/deploy/test_envoy.py: {marker} -->"
+    assert text.count(tag) == 1, f"docs/DEPLOY.md: marker {marker} missing"
+    after = text.split(tag, 1)[1].lstrip()
+    assert after.startswith("```yaml\n"), f"docs/DEPLOY.md: no yaml block after {marker}"
+    return yaml.safe_load(after[len("```yaml\n"):].split("```", 1)[0])
+
+
+def mtls_bootstrap(wasm, tmp_path):
+    """The gateway with the peer listener and cluster as docs/DEPLOY.md says
+    to change them for mTLS, and Istio's bootstrap `sds-grpc` cluster (istio-
+    agent's SDS socket; validate mode never connects)."""
+    cfg = istio_gateway_bootstrap(wasm)
+    lis = next(x for x in cfg["static_resources"]["listeners"] if x["name"] == "kvroute_peer")
+    lis["filter_chains"][0].update(docs_snippet("peer-mtls-listener"))
+    peers = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "kvroute_peers")
+    peers.update(docs_snippet("peer-mtls-cluster"))
+    # SDS needs a node identity, which Istio's bootstrap always has.
+    cfg["node"] = {"id": "router~127.0.0.1~gateway.istio-system~istio-system.svc.cluster.local",
+                   "cluster": "kvroute-gateway.istio-system"}
+    cfg["static_resources"]["clusters"].append({
+        "name": "sds-grpc", "type": "STATIC", "connect_timeout": "1s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
+        "load_assignment": {"cluster_name": "sds-grpc", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"pipe": {"path": str(tmp_path / "sds-socket")}}}}]}]},
+    })
+    return cfg
+
+
+def test_docs_peer_mtls_snippets_validate(envoy, wasm_module, tmp_path):
+    cfg = mtls_bootstrap(wasm_module[0], tmp_path)
+    lis = next(x for x in cfg["static_resources"]["listeners"] if x["name"] == "kvroute_peer")
+    ctx = lis["filter_chains"][0]["transport_socket"]["typed_config"]
+    assert ctx["require_client_certificate"] is True
+    sans = {json.dumps(c["transport_socket"]["typed_config"]["common_tls_context"]["combined_validation_context"]
+                       ["default_validation_context"]["match_typed_subject_alt_names"])
+            for c in (lis["filter_chains"][0], next(c for c in cfg["static_resources"]["clusters"]
+                                                   if c["name"] == "kvroute_peers"))}
+    assert len(sans) == 1, "listener and cluster must accept the same identity"
+    sa = find("Deployment", "kvroute-gateway")["spec"]["template"]["spec"]["serviceAccountName"]
+    ns = find("Deployment", "kvroute-gateway")["metadata"]["namespace"]
+    assert f"/ns/{ns}/sa/{sa}" in sans.pop()
+    assert_valid(envoy_validate(envoy, cfg, tmp_path))
+
+
+def test_negative_docs_peer_mtls_with_bad_san_type_rejected(envoy, wasm_module, tmp_path):
+    cfg = mtls_bootstrap(wasm_module[0], tmp_path)
+    peers = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "kvroute_peers")
+    ctx = peers["transport_socket"]["typed_config"]["common_tls_context"]
+    ctx["combined_validation_context"]["default_validation_context"]["match_typed_subject_alt_names"][0][
+        "san_type"] = "SPIFFE"
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))
+
+
 # --- plugin JSON through the real filter -------------------------------------
 
 @pytest.mark.parametrize("where,cfg", plugin_configs(), ids=[w for w, _ in plugin_configs()])
@@ -258,3 +374,17 @@ def test_negative_real_filter_rejects_bad_plugin_config(envoy, wasm_module, tmp_
     assert_invalid(envoy_validate(envoy, istio_gateway_bootstrap(wasm, plugin_json=json.dumps(bad)), tmp_path))
     bad = dict(cfg, handof="override_host")  # unknown field
     assert_invalid(envoy_validate(envoy, istio_gateway_bootstrap(wasm, plugin_json=json.dumps(bad)), tmp_path))
+
+
+def test_negative_real_peer_root_without_peers_rejected(envoy, wasm_module, tmp_path):
+    """The peer listener's filter really starts kvroute's `kvroute_peer` root
+    (which needs the `peers` section), not a second routing filter."""
+    wasm, real = wasm_module
+    if not real:
+        pytest.skip("kvroute.wasm not built (./build.sh build)")
+    cfg = istio_gateway_bootstrap(wasm)
+    peer = _peer_hcm(cfg)["http_filters"][0]["typed_config"]["config"]["configuration"]
+    plugin = json.loads(peer["value"])
+    del plugin["peers"]
+    peer["value"] = json.dumps(plugin)
+    assert_invalid(envoy_validate(envoy, cfg, tmp_path))

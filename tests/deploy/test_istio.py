@@ -17,7 +17,7 @@ from cloudcoil.models.istio.extensions import v1alpha1 as ext_v1alpha1
 from cloudcoil.models.istio.networking import v1 as net_v1
 from cloudcoil.models.istio.networking import v1alpha3 as net_v1alpha3
 
-from conftest import find, istio_docs
+from conftest import find, istio_docs, patch_value
 
 MODELS = {
     ("extensions.istio.io/v1alpha1", "WasmPlugin"): ext_v1alpha1.WasmPlugin,
@@ -114,8 +114,7 @@ def _patches(name="kvroute"):
 
 
 def _wasm_config():
-    p = next(p for p in _patches() if p["applyTo"] == "EXTENSION_CONFIG")
-    return p["patch"]["value"]
+    return patch_value("kvroute", "EXTENSION_CONFIG", name="kvroute")
 
 
 def _plugin_json():
@@ -158,15 +157,14 @@ def test_bridge_writes_the_metadata_key_inferencepool_clusters_read():
 
 
 def test_admin_cluster_for_discovery_exists():
-    add = next(p for p in _patches() if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD")
-    assert add["patch"]["value"]["name"] == _plugin_json()["discovery"]["admin_cluster"]
-    sa = add["patch"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    add = patch_value("kvroute", "CLUSTER", "ADD", name=_plugin_json()["discovery"]["admin_cluster"])
+    sa = add["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
     assert sa["address"] == "127.0.0.1"  # admin API stays on loopback
 
 
 def test_buffers_hold_max_body_bytes_and_streams_have_no_deadline():
     max_body = _plugin_json()["max_body_bytes"]
-    listener = next(p for p in _patches() if p["applyTo"] == "LISTENER")["patch"]["value"]
+    listener = patch_value("kvroute", "LISTENER", "MERGE")
     route = next(p for p in _patches() if p["applyTo"] == "HTTP_ROUTE")
     assert listener["per_connection_buffer_limit_bytes"] >= 2 * max_body
     assert route["patch"]["value"]["request_body_buffer_limit"] >= 2 * max_body

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import istio_docs
 
-K8S_KINDS = {"Namespace", "Deployment", "Service"}
+K8S_KINDS = {"Namespace", "Deployment", "Service", "ServiceAccount", "PodDisruptionBudget",
+             "NetworkPolicy"}
 K8S_OBJECTS = [(f, d) for f, d in istio_docs() if d["kind"] in K8S_KINDS]
 VERSION = kubernetes_validate.utils.latest_version()
 
@@ -24,7 +25,10 @@ def validate(obj):
 def test_there_are_kubernetes_objects():
     kinds = {(d["kind"], d["metadata"]["name"]) for _, d in K8S_OBJECTS}
     for want in [("Deployment", "vllm"), ("Service", "vllm"),
-                 ("Deployment", "kvroute-sim"), ("Service", "kvroute-sim")]:
+                 ("Deployment", "kvroute-sim"), ("Service", "kvroute-sim"),
+                 ("Deployment", "kvroute-gateway"), ("Service", "kvroute-gateway"),
+                 ("Service", "kvroute-peers"), ("NetworkPolicy", "kvroute-peers"),
+                 ("PodDisruptionBudget", "kvroute-gateway"), ("ServiceAccount", "kvroute-gateway")]:
         assert want in kinds
 
 
@@ -49,6 +53,13 @@ def _deployment(name):
 def test_negative_unknown_field_rejected():
     bad = _deployment("vllm")
     bad["spec"]["template"]["spec"]["containers"][0]["argz"] = ["--oops"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(bad)
+
+
+def test_negative_network_policy_bad_port_range_rejected():
+    bad = copy.deepcopy(next(d for _, d in K8S_OBJECTS if d["kind"] == "NetworkPolicy"))
+    bad["spec"]["ingress"][0]["ports"][0]["endPort"] = "15099"
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(bad)
 

@@ -85,7 +85,8 @@ def check_keys(obj, struct="Config", path=""):
 def test_config_rs_is_understood():
     structs, enums = rust_schema()
     assert {"endpoints", "handoff", "discovery", "destination_header", "max_body_bytes",
-            "upstream_cluster", "metrics", "shared"} <= set(structs["Config"])
+            "upstream_cluster", "metrics", "shared", "peers"} <= set(structs["Config"])
+    assert {"cluster", "admin_cluster", "sync_interval_ms"} <= set(structs["PeersConfig"])
     assert enums["Handoff"] == {"original_dst", "override_host"}
 
 
@@ -102,6 +103,13 @@ def test_negative_typo_and_bad_enum_rejected():
     problems = check_keys(bad)
     assert any("scrape_intervall_ms" in p for p in problems)
     assert any("handoff" in p for p in problems)
+
+
+def test_negative_peers_typo_rejected():
+    _, cfg = plugin_configs()[0]
+    bad = copy.deepcopy(cfg)
+    bad["peers"]["clusters"] = "kvroute_peers"
+    assert any("peers.clusters" in p for p in check_keys(bad))
 
 
 def test_negative_discovery_without_override_host_rejected():
