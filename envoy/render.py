@@ -53,6 +53,8 @@ def build_plugin_config(args) -> dict:
             sys.exit(f"render.py: {args.config} must hold a JSON object")
     if args.endpoints:
         config["endpoints"] = args.endpoints
+    if args.peer_listen and "peers" not in config:
+        config["peers"] = {"cluster": "kvroute_peers", "admin_cluster": "kvroute_admin"}
     if not config.get("endpoints") and config.get("discovery") is None:
         sys.exit("render.py: no endpoints: pass --endpoints or put them in --config (or enable discovery)")
     return config
@@ -122,7 +124,7 @@ def render(args) -> str:
         "retry_on": ",".join(["connect-failure", "refused-stream", "reset-before-request"]
                              + (["reset"] if not baseline and failover.get("retry_before_response", True) else [])),
     }
-    filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", values)]
+    filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", dict(values, root_id="kvroute"))]
     filters.append(fragment("filter_router.yaml.tmpl", values))
     original_dst = not baseline and handoff == "original_dst"
 
@@ -161,12 +163,28 @@ def render(args) -> str:
         else:
             lb = fragment("lb_override_host.yaml.tmpl", values)
         clusters = [fragment("cluster_members.yaml.tmpl", dict(values, membership=membership(args, endpoints), lb=lb))]
-    if not baseline and plugin.get("discovery") is not None:
+    peers = not baseline and args.peer_listen is not None
+    listeners = []
+    if peers:
+        peer_host, peer_port = args.peer_listen
+        peer_filters = [fragment("filter_kvroute.yaml.tmpl", dict(values, root_id="kvroute_peer")),
+                        fragment("filter_router.yaml.tmpl", values)]
+        listeners.append(fragment("listener_peer.yaml.tmpl", dict(
+            values, peer_host=json.dumps(peer_host), peer_port=peer_port,
+            peer_filters=indent("\n".join(peer_filters), 14))))
+        members = []
+        for p in args.peers or []:
+            host, port = host_port(p, "--peers")
+            members.append(f"          - endpoint: {{ address: {{ socket_address: {{ address: {json.dumps(host)}, port_value: {port} }} }} }}")
+        clusters.append(fragment("cluster_peers.yaml.tmpl", dict(
+            values, peer_members="\n".join(members) if members else "          []")))
+    if not baseline and (plugin.get("discovery") is not None or peers):
         clusters.append(fragment("cluster_admin.yaml.tmpl", values))
     values.update(
         http_filters=indent("\n".join(filters), 18),
         clusters=indent("\n".join(clusters), 4),
         routes=indent("\n".join(routes), 24),
+        peer_listener=indent("\n".join(listeners), 4),
         local_reply=indent(fragment("local_reply.yaml.tmpl", values), 16),
     )
     with open(args.template) as f:
@@ -186,6 +204,11 @@ def main(argv=None):
     p.add_argument("--buffer-limit", type=int,
                    help="listener/route buffer in bytes (default 2 x max_body_bytes + 64 KiB); a smaller one "
                         "reproduces gateways with small buffers (Istio): larger bodies get Envoy's 413")
+    p.add_argument("--peer-listen", type=lambda v: host_port(v, "--peer-listen"),
+                   help="HOST:PORT where this replica serves its decisions to the other kvroute replicas "
+                        "(a second listener, not the public one); turns peer sync on")
+    p.add_argument("--peers", type=lambda v: [e for e in (x.strip() for x in v.split(",")) if e],
+                   help="HOST:PORT[,...] of the other replicas' peer listeners (this one may be listed too)")
     p.add_argument("--eds-file", help="take cluster members from this EDS file (watched; live discovery)")
     p.add_argument("--wasm", default=DEFAULT_WASM)
     p.add_argument("--template", default=os.path.join(HERE, "kvroute.yaml.tmpl"))
@@ -194,6 +217,13 @@ def main(argv=None):
     p.add_argument("--log-level", default="info")
     p.add_argument("--run", action="store_true", help="exec Envoy with the rendered config")
     args = p.parse_args(argv)
+    if args.peers and not args.peer_listen:
+        p.error("--peers needs --peer-listen (where this replica serves its own sync)")
+    for e in args.peers or []:
+        try:
+            host_port(e, "--peers")
+        except argparse.ArgumentTypeError as err:
+            p.error(str(err))
 
     if args.run and not os.path.exists(args.wasm):
         sys.exit(f"render.py: {args.wasm} not found: run ./build.sh build")

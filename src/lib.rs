@@ -9,6 +9,8 @@
 //!   body, asks the router, hands the chosen endpoint to Envoy;
 //! - [`vm_state`]: what a VM knows (router, cached shared view, RNG) and the
 //!   routing step that ties the core and the shared store together;
+//! - [`peer_sync`], [`peer_server`]: the two sides of sync between gateway
+//!   replicas (asking on the tick; answering on the peer listener);
 //! - [`shared_store`]: typed, CAS-safe access to proxy-wasm shared data;
 //! - [`stats`]: every Envoy stat kvroute exports, defined once.
 //!
@@ -16,6 +18,8 @@
 //! understand is still routed, by load alone, and counted.
 
 pub mod filter;
+pub mod peer_server;
+pub mod peer_sync;
 pub mod root;
 pub mod shared_store;
 pub mod stats;

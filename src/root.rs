@@ -1,9 +1,14 @@
 //! The root context: one per VM (each Envoy worker thread, the main thread,
-//! and a short-lived canary). It validates the configuration, creates the
-//! per-request contexts, and on every tick refreshes the shared view and, if
-//! it holds the scraper lease, scrapes every endpoint's `/metrics`.
+//! and a short-lived canary) and plugin. It validates the configuration,
+//! creates the per-request contexts, and on every tick refreshes the shared
+//! view and, if it holds the scraper lease, scrapes every endpoint's
+//! `/metrics` and syncs with the peers (`peer_sync`). The plugin whose root
+//! id is [`PEER_ROOT_ID`] (on the peer listener) only answers peers' sync
+//! requests (`peer_server`): it has no tick and routes nothing.
 
 use crate::filter::RequestFilter;
+use crate::peer_server::PeerServer;
+use crate::peer_sync;
 use crate::stats::{Counter, EndpointCounter, EndpointGauge};
 use crate::vm_state::VmState;
 use kvroute_core::config::Config;
@@ -26,6 +31,21 @@ enum Call {
     Scrape(Endpoint),
     /// `GET /clusters?format=json` of Envoy's admin API.
     Discovery,
+    /// A sync request to a member of the peers cluster.
+    PeerSync(Endpoint),
+}
+
+/// Root id of the plugin on the peer listener.
+pub const PEER_ROOT_ID: &str = "kvroute_peer";
+
+/// What a plugin does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Role {
+    /// Routes requests (the public listener).
+    #[default]
+    Router,
+    /// Answers peers' sync requests (the peer listener).
+    PeerServer,
 }
 
 /// Root context of one VM.
@@ -36,6 +56,9 @@ pub struct KvRouteRoot {
     pending: HashMap<u32, Call>,
     /// When membership was last requested.
     last_discovery_ms: u64,
+    /// When peers were last asked for their news.
+    last_sync_ms: u64,
+    role: Role,
 }
 
 /// Wall-clock milliseconds from a context's clock.
@@ -89,12 +112,17 @@ impl KvRouteRoot {
         }
     }
 
-    /// Asks Envoy's admin API for the upstream cluster's members.
+    /// Asks Envoy's admin API for the members of the upstream cluster
+    /// (discovery on) and of the peers cluster (peers on).
     fn discover(&mut self, state: &VmState, now: u64) {
-        let Some(d) = &state.config().discovery else {
-            return;
+        let cfg = state.config();
+        let (admin_cluster, interval) = match (&cfg.discovery, &cfg.peers) {
+            (Some(d), Some(p)) => (&d.admin_cluster, d.interval_ms.min(p.members_interval_ms)),
+            (Some(d), None) => (&d.admin_cluster, d.interval_ms),
+            (None, Some(p)) => (&p.admin_cluster, p.members_interval_ms),
+            (None, None) => return,
         };
-        if now.saturating_sub(self.last_discovery_ms) < d.interval_ms
+        if now.saturating_sub(self.last_discovery_ms) < interval
             || self.pending.values().any(|c| *c == Call::Discovery)
         {
             return;
@@ -105,15 +133,12 @@ impl KvRouteRoot {
             (":path", "/clusters?format=json"),
             (":authority", "kvroute-admin"),
         ];
-        let timeout = Duration::from_millis(d.interval_ms.max(1000));
-        match self.dispatch_http_call(&d.admin_cluster, headers, None, vec![], timeout) {
+        let timeout = Duration::from_millis(interval.max(1000));
+        match self.dispatch_http_call(admin_cluster, headers, None, vec![], timeout) {
             Ok(token) => {
                 self.pending.insert(token, Call::Discovery);
             }
-            Err(status) => warn!(
-                "kvroute: cannot reach admin cluster {}: {status:?}",
-                d.admin_cluster
-            ),
+            Err(status) => warn!("kvroute: cannot reach admin cluster {admin_cluster}: {status:?}"),
         }
     }
 
@@ -129,6 +154,12 @@ impl KvRouteRoot {
             .get_http_call_response_body(0, body_size)
             .unwrap_or_default();
         let mut state = state.borrow_mut();
+        if let Some(peers) = state.config().peers.clone() {
+            peer_sync::update_members(&state, &peers, &body);
+        }
+        if state.config().discovery.is_none() {
+            return;
+        }
         let cluster = state.config().upstream_cluster.clone();
         match cluster_members(&body, &cluster) {
             Ok(members) => {
@@ -143,6 +174,43 @@ impl KvRouteRoot {
             }
             Err(e) => warn!("kvroute: discovery: {e:?}"),
         }
+    }
+
+    /// Asks the peers for their news, every `peers.sync_interval_ms`.
+    fn sync_peers(&mut self, state: &VmState, now: u64) {
+        let Some(peers) = &state.config().peers else {
+            return;
+        };
+        if now.saturating_sub(self.last_sync_ms) < peers.sync_interval_ms {
+            return;
+        }
+        self.last_sync_ms = now;
+        let pending = &self.pending;
+        let calls = peer_sync::ask_all(state, peers, |m| {
+            pending.values().any(|c| *c == Call::PeerSync(m))
+        });
+        for (token, member) in calls {
+            self.pending.insert(token, Call::PeerSync(member));
+        }
+    }
+
+    fn on_peer_answer(&mut self, member: Endpoint, body_size: usize) {
+        let Some(state) = self.state.clone() else {
+            return;
+        };
+        let mut state = state.borrow_mut();
+        let Some(max) = state.config().peers.as_ref().map(|p| p.max_response_bytes) else {
+            return;
+        };
+        let status = self
+            .get_http_call_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        // Too large an answer is never copied into the VM.
+        let body = (body_size <= max).then(|| {
+            self.get_http_call_response_body(0, body_size)
+                .unwrap_or_default()
+        });
+        peer_sync::take_answer(&mut state, member, status, body, now_ms(self));
     }
 
     fn on_scrape(&mut self, endpoint: Endpoint, body_size: usize) {
@@ -201,6 +269,7 @@ impl Context for KvRouteRoot {
         match self.pending.remove(&token_id) {
             Some(Call::Scrape(endpoint)) => self.on_scrape(endpoint, body_size),
             Some(Call::Discovery) => self.on_discovery(body_size),
+            Some(Call::PeerSync(member)) => self.on_peer_answer(member, body_size),
             None => {}
         }
     }
@@ -224,9 +293,21 @@ impl RootContext for KvRouteRoot {
             interval
         );
         let vm_id = new_vm_id(self);
+        self.role = match self.get_property(vec!["plugin_root_id"]).as_deref() {
+            Some(id) if id == PEER_ROOT_ID.as_bytes() => Role::PeerServer,
+            _ => Role::Router,
+        };
+        if self.role == Role::PeerServer && config.peers.is_none() {
+            error!(
+                "kvroute: the {PEER_ROOT_ID} plugin needs a `peers` section in its configuration"
+            );
+            return false;
+        }
         self.state = Some(Rc::new(RefCell::new(VmState::new(config, vm_id))));
         self.pending.clear();
-        self.set_tick_period(interval);
+        if self.role == Role::Router {
+            self.set_tick_period(interval);
+        }
         true
     }
 
@@ -242,6 +323,7 @@ impl RootContext for KvRouteRoot {
         if state.store.claim_lease(state.vm_id, now, ttl) {
             self.discover(&state, now);
             self.scrape(&state);
+            self.sync_peers(&state, now);
             for (endpoint, s) in &state.states.entries.clone() {
                 let age = now.saturating_sub(s.scraped_at_ms);
                 state
@@ -253,7 +335,10 @@ impl RootContext for KvRouteRoot {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let state = self.state.clone()?;
-        Some(Box::new(RequestFilter::new(state)))
+        match self.role {
+            Role::Router => Some(Box::new(RequestFilter::new(state))),
+            Role::PeerServer => Some(Box::new(PeerServer::new(state))),
+        }
     }
 
     fn get_type(&self) -> Option<ContextType> {

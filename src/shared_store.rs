@@ -10,7 +10,9 @@
 //! | `inflight` | in-flight requests/tokens/waiting per endpoint | every request (route, first chunk, end), CAS |
 //! | `outliers` | passive-health streaks and ejections | 5xx responses (and the success after one), CAS |
 //! | `log/head` | next decision-log sequence number | every decision, CAS |
-//! | `log/<slot>` | one decision (endpoint + block hashes) | its appender |
+//! | `log/<slot>` | one decision (endpoint + block hashes), own or a peer's | its appender |
+//! | `replica` | this gateway's replica id (random per Envoy process) | the first VM |
+//! | `peers` | peers' cursors, last answer and in-flight work (JSON) | the lease holder (peers on), CAS |
 //!
 //! Shared data never expires and has no delete, so nothing here is keyed by
 //! traffic: the decision log is a ring of `shared.log_slots` slots. CAS is
@@ -21,6 +23,8 @@ use kvroute_core::discovery::{decode_pool, encode_pool};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
 use kvroute_core::outlier::OutlierTable;
+use kvroute_core::peer::table::PeerTable;
+use kvroute_core::peer::wire::AnswerBuilder;
 use kvroute_core::shared::decision_log::{slot_of, LogEntry};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use kvroute_core::shared::lease::Lease;
@@ -45,6 +49,8 @@ pub struct SharedStore {
     log_head: String,
     log_slot: String,
     log_slots: u32,
+    replica: String,
+    peers: String,
 }
 
 /// Where a VM is in the decision log.
@@ -84,6 +90,8 @@ impl SharedStore {
             log_head: format!("{prefix}log/head"),
             log_slot: format!("{prefix}log/"),
             log_slots,
+            replica: format!("{prefix}replica"),
+            peers: format!("{prefix}peers"),
         }
     }
 
@@ -96,6 +104,7 @@ impl SharedStore {
             (&self.inflight, InFlightTable::default().encode()),
             (&self.outliers, OutlierTable::default().encode()),
             (&self.log_head, 0u64.to_le_bytes().to_vec()),
+            (&self.peers, PeerTable::default().encode()),
         ] {
             if get(key).1.is_none() {
                 let _ = set_shared_data(key, Some(&empty), None);
@@ -202,6 +211,70 @@ impl SharedStore {
             Some(bytes)
         });
         out
+    }
+
+    /// This gateway's replica id: the first VM to ask draws it (`fresh`),
+    /// every VM reads the same value afterwards.
+    pub fn replica_id(&self, fresh: impl FnOnce() -> u64) -> u64 {
+        let read = || {
+            get(&self.replica)
+                .0
+                .and_then(|v| v.get(..8).and_then(|b| b.try_into().ok()))
+                .map(u64::from_le_bytes)
+        };
+        if let Some(id) = read() {
+            return id;
+        }
+        // Absent keys ignore CAS: two first VMs may both write; both then
+        // read the value that stayed.
+        let _ = set_shared_data(&self.replica, Some(&fresh().to_le_bytes()), None);
+        read().unwrap_or(0)
+    }
+
+    /// What this replica knows of its peers.
+    pub fn peer_table(&self) -> PeerTable {
+        read_value(&self.peers, PeerTable::decode)
+    }
+
+    /// Updates the peer table; returns the table written.
+    pub fn update_peer_table(&self, f: impl FnMut(&mut PeerTable)) -> PeerTable {
+        self.update_value(&self.peers, PeerTable::decode, PeerTable::encode, f)
+    }
+
+    /// Next sequence number of the decision log, and its number of slots.
+    pub fn log_extent(&self) -> (u64, u64) {
+        (self.head(), u64::from(self.log_slots))
+    }
+
+    /// Adds this replica's own decisions from sequence number `start` to
+    /// `answer` (peers' decisions are never served again), up to
+    /// `max_entries` or the answer's byte budget; returns where the next
+    /// read starts. A decision larger than the whole budget, or lost to the
+    /// ring, is counted as skipped.
+    pub fn serve_log(&self, start: u64, max_entries: usize, answer: &mut AnswerBuilder) -> u64 {
+        let head = self.head();
+        let mut next = start;
+        while next < head && answer.len() < max_entries {
+            let key = format!("{}{}", self.log_slot, slot_of(next, self.log_slots));
+            let value = get(&key).0;
+            match value.as_deref().map(|v| (LogEntry::decode(v), v)) {
+                Some((Some(e), raw)) if e.seq == next => {
+                    if !e.from_peer && !answer.push(raw) {
+                        if !answer.is_empty() {
+                            break; // the rest goes in the next answer
+                        }
+                        answer.skip();
+                    }
+                }
+                Some((Some(e), _)) if e.seq > next => answer.skip(),
+                // Reserved but not written yet: stop here (unless its writer
+                // must have failed).
+                _ if head - next <= STALL_SKIP => break,
+                _ => answer.skip(),
+            }
+            next += 1;
+        }
+        next
     }
 
     fn head(&self) -> u64 {

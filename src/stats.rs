@@ -55,9 +55,25 @@ pub enum Counter {
     /// Endpoints found stalled (requests without a first byte and a silent
     /// `/metrics` while others answer), counted by each VM that noticed.
     Stalled,
+    /// Sync calls a peer answered.
+    PeerSyncOk,
+    /// Sync calls that failed (connect error, timeout, not 200).
+    PeerSyncFailed,
+    /// Sync answers refused: too large or not the sync format.
+    PeerMalformed,
+    /// Peers' decisions learned.
+    PeerLearned,
+    /// Peers' decisions refused (endpoint outside the pool, no or too many blocks, echoed).
+    PeerDropped,
+    /// Peers' decisions their rings lost before this replica asked.
+    PeerSkipped,
+    /// Bytes of sync answers read.
+    PeerBytes,
+    /// Sync requests this replica answered.
+    PeerServed,
 }
 
-const COUNTERS: [(Counter, &str); 19] = [
+const COUNTERS: [(Counter, &str); 27] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -80,6 +96,14 @@ const COUNTERS: [(Counter, &str); 19] = [
     (Counter::OutlierEjected, "kvroute.outlier.ejected"),
     (Counter::Unanswered, "kvroute.failover.unanswered"),
     (Counter::Stalled, "kvroute.failover.stalled"),
+    (Counter::PeerSyncOk, "kvroute.peer.sync_ok"),
+    (Counter::PeerSyncFailed, "kvroute.peer.sync_failed"),
+    (Counter::PeerMalformed, "kvroute.peer.malformed"),
+    (Counter::PeerLearned, "kvroute.peer.learned"),
+    (Counter::PeerDropped, "kvroute.peer.dropped"),
+    (Counter::PeerSkipped, "kvroute.peer.skipped"),
+    (Counter::PeerBytes, "kvroute.peer.bytes"),
+    (Counter::PeerServed, "kvroute.peer.served"),
 ];
 
 /// Per-endpoint gauges.
@@ -138,6 +162,8 @@ impl EndpointCounter {
 pub struct Stats {
     counters: Vec<Option<u32>>,
     matched_prefix_percent: Option<u32>,
+    peer_lag_ms: Option<u32>,
+    peer_replicas: Option<u32>,
     per_endpoint: HashMap<(Endpoint, &'static str), Option<u32>>,
 }
 
@@ -154,15 +180,38 @@ impl Stats {
                 "kvroute.matched_prefix_percent",
             )
             .ok(),
+            peer_lag_ms: define_metric(MetricType::Histogram, "kvroute.peer.lag_ms").ok(),
+            peer_replicas: define_metric(MetricType::Gauge, "kvroute.peer.replicas").ok(),
             per_endpoint: HashMap::new(),
         }
     }
 
     /// Adds one to a counter.
     pub fn inc(&self, counter: Counter) {
+        self.add(counter, 1);
+    }
+
+    /// Adds `n` to a counter.
+    pub fn add(&self, counter: Counter, n: u64) {
         let i = COUNTERS.iter().position(|(c, _)| *c == counter);
         if let Some(Some(id)) = i.and_then(|i| self.counters.get(i)) {
-            let _ = increment_metric(*id, 1);
+            if n > 0 {
+                let _ = increment_metric(*id, n.min(i64::MAX as u64) as i64);
+            }
+        }
+    }
+
+    /// Records how long a peer's decision took to reach this replica.
+    pub fn peer_lag(&self, ms: u64) {
+        if let Some(id) = self.peer_lag_ms {
+            let _ = record_metric(id, ms);
+        }
+    }
+
+    /// Sets the number of peers heard from recently.
+    pub fn peer_replicas(&self, n: u64) {
+        if let Some(id) = self.peer_replicas {
+            let _ = record_metric(id, n);
         }
     }
 

@@ -12,6 +12,7 @@ use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
 use kvroute_core::outlier::{Outcome, OutlierTable};
+use kvroute_core::peer::table::PeerLoad;
 use kvroute_core::request::InferenceRequest;
 use kvroute_core::router::Router;
 use kvroute_core::scheduler::Decision;
@@ -67,6 +68,8 @@ pub struct VmState {
     own_seqs: HashSet<u64>,
     /// Endpoints this VM last found stalled (to count each stall once).
     stalled: Vec<Endpoint>,
+    /// What the other gateway replicas have in flight (as of the last tick).
+    peer_load: PeerLoad,
 }
 
 impl VmState {
@@ -87,6 +90,7 @@ impl VmState {
             cursor,
             own_seqs: HashSet::new(),
             stalled: Vec::new(),
+            peer_load: PeerLoad::default(),
         }
     }
 
@@ -124,6 +128,12 @@ impl VmState {
         self.outliers = self.store.outliers();
         self.router.observe(&self.states);
         self.replay_log();
+        if let Some(stale_after) = self.config().peers.as_ref().map(|p| p.stale_after_ms) {
+            let table = self.store.peer_table();
+            self.peer_load = table.load(now_ms, stale_after);
+            self.stats
+                .peer_replicas(table.live(now_ms, stale_after).count() as u64);
+        }
         // Stalls are counted and logged here, once a tick; each decision
         // checks them itself.
         if self.config().failover.stall_after_ms > 0 {
@@ -144,12 +154,20 @@ impl VmState {
             None => (&[][..], 0),
         };
         let inflight = self.store.inflight();
+        let peer_load = &self.peer_load;
         let decision = self.router.decide(
             blocks,
             prompt_tokens,
             &self.states,
             &self.outliers,
-            |e| inflight.get(&e),
+            // Other replicas' requests load the pods as much as this one's.
+            |e| {
+                let mut f = inflight.get(&e);
+                let (requests, tokens) = peer_load.get(&e);
+                f.requests = f.requests.saturating_add(requests);
+                f.tokens = f.tokens.saturating_add(tokens);
+                f
+            },
             now_ms,
             &mut self.rng,
         )?;
@@ -160,6 +178,7 @@ impl VmState {
         // (in-flight counts, which spread everything else, are shared anyway).
         if !blocks.is_empty() {
             let entry = LogEntry {
+                from_peer: false,
                 seq: 0,
                 endpoint,
                 at_ms: now_ms,

@@ -55,6 +55,9 @@ pub struct Config {
     pub shared: SharedConfig,
     /// Surviving endpoints that die or hang (see `stall.rs`).
     pub failover: FailoverConfig,
+    /// Other kvroute gateways (replicas) to share decisions and in-flight
+    /// work with (see `peer/`); absent: this gateway is alone.
+    pub peers: Option<PeersConfig>,
 }
 
 impl Default for Config {
@@ -74,6 +77,7 @@ impl Default for Config {
             outlier_detection: OutlierConfig::default(),
             shared: SharedConfig::default(),
             failover: FailoverConfig::default(),
+            peers: None,
         }
     }
 }
@@ -106,6 +110,51 @@ impl Default for DiscoveryConfig {
         DiscoveryConfig {
             admin_cluster: "kvroute_admin".into(),
             interval_ms: 250,
+        }
+    }
+}
+
+/// `peers.*`: active-active replicas sharing one prefix view (`peer/`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeersConfig {
+    /// Envoy cluster whose members are the replicas' peer listeners (this
+    /// replica may be one of them: it recognises itself). Its load balancer
+    /// must honour `destination_header` (override_host), like the upstream.
+    pub cluster: String,
+    /// Envoy cluster that reaches Envoy's own admin API: the members of
+    /// `cluster` are read from `GET /clusters?format=json`.
+    pub admin_cluster: String,
+    /// How often every peer is asked for its new decisions.
+    pub sync_interval_ms: u64,
+    /// Timeout of one sync call.
+    pub timeout_ms: u64,
+    /// How often the member list of `cluster` is re-read.
+    pub members_interval_ms: u64,
+    /// Most peers synced with (members past this are ignored, counted).
+    pub max_peers: usize,
+    /// Most decisions one sync answer carries (a peer further behind
+    /// catches up over several syncs, or skips what its ring lost).
+    pub max_entries_per_sync: usize,
+    /// Largest sync answer read; a larger one is refused and counted.
+    pub max_response_bytes: usize,
+    /// A peer not heard from for this long no longer counts: its in-flight
+    /// work is ignored.
+    pub stale_after_ms: u64,
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        PeersConfig {
+            cluster: "kvroute_peers".into(),
+            admin_cluster: "kvroute_admin".into(),
+            sync_interval_ms: 50,
+            timeout_ms: 250,
+            members_interval_ms: 1000,
+            max_peers: 16,
+            max_entries_per_sync: 512,
+            max_response_bytes: 4 * 1024 * 1024,
+            stale_after_ms: 1000,
         }
     }
 }
@@ -499,6 +548,58 @@ impl Config {
                     "discovery.interval_ms",
                     d.interval_ms,
                     "must be 50..=60000",
+                ));
+            }
+        }
+        if let Some(p) = &self.peers {
+            for (field, name) in [
+                ("peers.cluster", &p.cluster),
+                ("peers.admin_cluster", &p.admin_cluster),
+            ] {
+                if name.trim().is_empty() {
+                    return Err(err(field, "\"\"", "must name an Envoy cluster"));
+                }
+            }
+            if p.cluster == self.upstream_cluster {
+                return Err(err(
+                    "peers.cluster",
+                    &p.cluster,
+                    "must not be the upstream cluster (model servers are not peers)",
+                ));
+            }
+            for (field, v, lo, hi) in [
+                ("peers.sync_interval_ms", p.sync_interval_ms, 10, 60_000),
+                ("peers.timeout_ms", p.timeout_ms, 10, 60_000),
+                (
+                    "peers.members_interval_ms",
+                    p.members_interval_ms,
+                    50,
+                    600_000,
+                ),
+                ("peers.stale_after_ms", p.stale_after_ms, 100, 600_000),
+                ("peers.max_peers", p.max_peers as u64, 1, 256),
+                (
+                    "peers.max_entries_per_sync",
+                    p.max_entries_per_sync as u64,
+                    1,
+                    65_536,
+                ),
+                (
+                    "peers.max_response_bytes",
+                    p.max_response_bytes as u64,
+                    4096,
+                    64 * 1024 * 1024,
+                ),
+            ] {
+                if !(lo..=hi).contains(&v) {
+                    return Err(err(field, v, &format!("must be {lo}..={hi}")));
+                }
+            }
+            if p.stale_after_ms < p.sync_interval_ms {
+                return Err(err(
+                    "peers.stale_after_ms",
+                    p.stale_after_ms,
+                    "must be at least peers.sync_interval_ms",
                 ));
             }
         }

@@ -20,6 +20,10 @@ pub enum ErrorReply {
     PathNotAllowed,
     /// The pool is empty: no endpoint can serve.
     NoEndpoint,
+    /// On the peer listener: a sync request meant for another replica
+    /// (Envoy's fallback picked this one): the asker must not take this
+    /// replica's answer for that member's.
+    MisdirectedSync,
 }
 
 impl ErrorReply {
@@ -28,6 +32,7 @@ impl ErrorReply {
         match self {
             ErrorReply::PathNotAllowed => 404,
             ErrorReply::NoEndpoint => 503,
+            ErrorReply::MisdirectedSync => 421,
         }
     }
 
@@ -36,6 +41,7 @@ impl ErrorReply {
         match self {
             ErrorReply::PathNotAllowed => "invalid_request_error",
             ErrorReply::NoEndpoint => "server_error",
+            ErrorReply::MisdirectedSync => "invalid_request_error",
         }
     }
 
@@ -44,6 +50,7 @@ impl ErrorReply {
         match self {
             ErrorReply::PathNotAllowed => "path_not_allowed",
             ErrorReply::NoEndpoint => "no_endpoint",
+            ErrorReply::MisdirectedSync => "misdirected_request",
         }
     }
 
@@ -52,6 +59,7 @@ impl ErrorReply {
         match self {
             ErrorReply::PathNotAllowed => "kvroute: this path is not served by the gateway",
             ErrorReply::NoEndpoint => "kvroute: no endpoint available",
+            ErrorReply::MisdirectedSync => "kvroute: this sync request names another replica",
         }
     }
 
@@ -60,6 +68,7 @@ impl ErrorReply {
         match self {
             ErrorReply::PathNotAllowed => None,
             ErrorReply::NoEndpoint => Some(RETRY_AFTER_SECS),
+            ErrorReply::MisdirectedSync => None,
         }
     }
 
@@ -88,6 +97,7 @@ mod tests {
         for (e, status, retry) in [
             (ErrorReply::PathNotAllowed, 404, None),
             (ErrorReply::NoEndpoint, 503, Some(1)),
+            (ErrorReply::MisdirectedSync, 421, None),
         ] {
             let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
             let err = v["error"].as_object().unwrap();

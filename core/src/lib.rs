@@ -28,6 +28,7 @@ pub mod inflight;
 pub mod metrics;
 pub mod outlier;
 pub mod path_policy;
+pub mod peer;
 pub mod prefix;
 pub mod request;
 pub mod router;

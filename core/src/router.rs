@@ -150,6 +150,7 @@ impl Router {
         let facts = RequestFacts {
             total_blocks: blocks.len(),
             prompt_tokens,
+            affinity_key: blocks.first().copied(),
         };
         self.scheduler.pick(&facts, &candidates, rng)
     }

@@ -371,7 +371,7 @@ proptest! {
         let encoded = encode_pool(&pool);
         prop_assert_eq!(decode_pool(&encoded), Some(pool.clone()));
         if let Some(&endpoint) = pool.first() {
-            let entry = LogEntry { seq: 7, endpoint, at_ms: 9, blocks: blocks.clone() };
+            let entry = LogEntry { seq: 7, endpoint, at_ms: 9, blocks: blocks.clone(), from_peer: false };
             let bytes = entry.encode();
             prop_assert_eq!(LogEntry::decode(&bytes), Some(entry));
             // Mutations of a valid encoding: any outcome but a panic.

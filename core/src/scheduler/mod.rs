@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! candidates --filters--> kept --scorers (clamp 0..1, x weight, sum)--> score per kept
-//!            --picker (max; random tie-break; cold: least recently picked)--> Decision
+//!            --picker (max; ties and cold: rendezvous hash of the first block)--> Decision
 //! ```
 //!
 //! Layout: contracts in [`plugin`], one file per filter in [`filter`] and
@@ -88,6 +88,10 @@ pub struct RequestFacts {
     pub total_blocks: usize,
     /// Approximate prompt tokens.
     pub prompt_tokens: u64,
+    /// Decides ties and cold picks by rendezvous hashing (`picker`): the
+    /// first block's hash, so requests sharing a leading block agree on
+    /// every replica; `None` when the prompt was not read.
+    pub affinity_key: Option<u64>,
 }
 
 /// Why an endpoint was chosen.
@@ -195,7 +199,12 @@ impl Scheduler {
             .sum::<f64>();
         let last: Vec<Option<u64>> = kept.iter().map(|&i| candidates[i].last_picked_ms).collect();
         let margin = cold.then_some(self.config.cold_margin * weight_sum);
-        let k = picker::pick(&total, &last, margin, rng)?;
+        let rank: Option<Vec<u64>> = req.affinity_key.map(|key| {
+            kept.iter()
+                .map(|&i| picker::rendezvous(key, &candidates[i].endpoint))
+                .collect()
+        });
+        let k = picker::pick(&total, &last, rank.as_deref(), margin, rng)?;
         let chosen = &candidates[kept[k]];
 
         // Prefix: the chosen endpoint holds the longest prefix any live
@@ -291,6 +300,7 @@ mod tests {
         RequestFacts {
             total_blocks: blocks,
             prompt_tokens: blocks as u64 * 64,
+            affinity_key: None,
         }
     }
 
@@ -476,7 +486,12 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut counts = vec![0; cands.len()];
         for t in 0..n {
-            let d = s.pick(&req(blocks), cands, &mut rng).unwrap();
+            // Distinct new conversations: distinct first blocks.
+            let facts = RequestFacts {
+                affinity_key: Some(seed << 32 | t as u64),
+                ..req(blocks)
+            };
+            let d = s.pick(&facts, cands, &mut rng).unwrap();
             assert_eq!(d.reason, Reason::Cold);
             let i = cands.iter().position(|c| c.endpoint == d.endpoint).unwrap();
             counts[i] += 1;
@@ -502,6 +517,37 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn cold_requests_sharing_a_first_block_agree_within_the_load_bound() {
+        // Three replicas that have not heard of each other (different RNG
+        // seeds, different pick histories) route the same cold request.
+        let s = sched(Profile::Weighted);
+        let facts = RequestFacts {
+            affinity_key: Some(0xabc),
+            ..req(8)
+        };
+        let picks: Vec<Endpoint> = (0..3)
+            .map(|replica| {
+                let mut cands: Vec<_> = (0..4).map(|i| loaded(i, 0.0, 0.0, 0.1, 0)).collect();
+                cands[replica].last_picked_ms = Some(5);
+                let mut rng = fastrand::Rng::with_seed(replica as u64);
+                s.pick(&facts, &cands, &mut rng).unwrap().endpoint
+            })
+            .collect();
+        assert!(picks.iter().all(|e| *e == picks[0]), "{picks:?}");
+        // The same request, repeated as in-flight work piles on the choice:
+        // it stays until about two more requests than elsewhere, then moves.
+        let mut cands: Vec<_> = (0..4).map(|i| loaded(i, 0.0, 0.0, 0.1, 0)).collect();
+        let mut rng = fastrand::Rng::with_seed(1);
+        let first = s.pick(&facts, &cands, &mut rng).unwrap().endpoint;
+        let i = cands.iter().position(|c| c.endpoint == first).unwrap();
+        for extra in 1..=4 {
+            cands[i].inflight.requests = extra;
+            let d = s.pick(&facts, &cands, &mut rng).unwrap();
+            assert_eq!(d.endpoint == first, extra <= 2, "{extra} more in flight");
         }
     }
 
@@ -675,6 +721,7 @@ mod conversation_tests {
                 let req = RequestFacts {
                     total_blocks: blocks,
                     prompt_tokens: blocks as u64 * 64,
+                    affinity_key: None,
                 };
                 let d = s.pick(&req, &cands, &mut rng).unwrap();
                 let e = cands.iter().position(|c| c.endpoint == d.endpoint).unwrap();

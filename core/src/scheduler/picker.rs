@@ -1,30 +1,42 @@
 //! # max-score picker
 //!
 //! **What**: picks the candidate with the highest weighted score (llm-d's
-//! `max-score-picker`), ties broken at random with the passed, seeded RNG
-//! (so a decision is deterministic for a seed, and equal endpoints share
-//! traffic instead of the first one taking all).
+//! `max-score-picker`).
+//!
+//! **Ties, and cold requests, are decided by rendezvous hashing** of the
+//! request's affinity key (its first block hash) over the tied candidates:
+//! each candidate gets `xxh3(endpoint, seed = key)` and the highest wins.
+//! The choice depends only on the request and the candidate set, never on
+//! which gateway replica or worker makes it, so replicas that have not yet
+//! heard of each other's decisions (`peer/`) still send a burst of new
+//! conversations sharing a first block to one endpoint, and distinct ones
+//! spread as a hash spreads. A request with no key (its body was not read)
+//! falls back to the seeded RNG.
 //!
 //! **Cold requests** (no candidate holds any block of the prompt): every
-//! candidate scoring within `margin` of the best counts as equally good,
-//! and among those the **least recently picked** (`last_picked_ms`; never
-//! picked = oldest) wins, ties again at random. This is kvroute's answer to
-//! cold-prefix hot spots: a burst of new conversations between two scrapes
-//! has near-identical load scores everywhere, and without this rule tiny
-//! score differences (one KV-usage digit) would send the whole burst to
-//! one endpoint, which then also becomes the only holder of all those new
-//! prefixes. Rotating by recency spreads both the load and the future
-//! cache. The margin is `scheduling.cold_margin` x the sum of the weights
-//! (default 5%): large enough to absorb noise, small enough that a clearly
-//! less loaded endpoint still wins.
+//! candidate scoring within `margin` of the best is acceptable, and the
+//! rendezvous choice is made among those. The margin is the load bound:
+//! `scheduling.cold_margin` x the sum of the weights (default 5%, half a
+//! point at the default weights), so an endpoint that already has about two
+//! more requests in flight than the least loaded one (each costs
+//! `inflight_requests / min_range_inflight` = 0.25) drops out of the set,
+//! and a burst of new conversations between two scrapes spreads over the
+//! pool instead of piling on one endpoint. Without a key, the least
+//! recently picked acceptable candidate wins (ties at random), which
+//! rotates a burst of unreadable requests.
 //!
 //! ```text
 //! best  = max score
 //! near  = { i | score_i >= best - eps }                 (warm)
 //!         { i | score_i >= best - margin }              (cold)
-//! cold:  near = argmin_{i in near} last_picked_ms (None first)
-//! pick   uniformly at random in near
+//! key:    argmax_{i in near} xxh3(endpoint_i, seed = key)
+//! no key: cold: near = argmin_{i in near} last_picked_ms (None first);
+//!         uniformly at random in near
 //! ```
+
+use crate::endpoint::Endpoint;
+use std::net::SocketAddr;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Scores within this of each other are equal (floating-point noise).
 pub const EPS: f64 = 1e-9;
@@ -34,6 +46,7 @@ pub const EPS: f64 = 1e-9;
 pub fn pick(
     scores: &[f64],
     last_picked_ms: &[Option<u64>],
+    rendezvous: Option<&[u64]>,
     cold_margin: Option<f64>,
     rng: &mut fastrand::Rng,
 ) -> Option<usize> {
@@ -49,6 +62,14 @@ pub fn pick(
     let mut near: Vec<usize> = (0..scores.len())
         .filter(|&i| scores[i] >= best - tolerance || !best.is_finite())
         .collect();
+    if let Some(rank) = rendezvous {
+        if let Some(&i) = near
+            .iter()
+            .max_by_key(|&&i| (rank.get(i).copied(), std::cmp::Reverse(i)))
+        {
+            return Some(i);
+        }
+    }
     if cold_margin.is_some() {
         let oldest = near
             .iter()
@@ -61,6 +82,26 @@ pub fn pick(
         return Some(rng.usize(..scores.len()));
     }
     Some(near[rng.usize(..near.len())])
+}
+
+/// The rendezvous weight of `endpoint` for affinity key `key`: the same on
+/// every replica and every platform (the address's bytes, IPv4 as
+/// IPv4-mapped IPv6, hashed with the key as seed).
+pub fn rendezvous(key: u64, endpoint: &Endpoint) -> u64 {
+    let mut bytes = [0u8; 22];
+    let addr = endpoint.addr();
+    let ip = match addr {
+        SocketAddr::V4(a) => a.ip().to_ipv6_mapped().octets(),
+        SocketAddr::V6(a) => a.ip().octets(),
+    };
+    let scope = match addr {
+        SocketAddr::V4(_) => 0,
+        SocketAddr::V6(a) => a.scope_id(),
+    };
+    bytes[..16].copy_from_slice(&ip);
+    bytes[16..18].copy_from_slice(&addr.port().to_le_bytes());
+    bytes[18..].copy_from_slice(&scope.to_le_bytes());
+    xxh3_64_with_seed(&bytes, key)
 }
 
 #[cfg(test)]
@@ -80,10 +121,17 @@ mod tests {
         for (scores, want) in cases {
             for seed in 0..20 {
                 let mut rng = fastrand::Rng::with_seed(seed);
-                assert_eq!(pick(scores, &[], None, &mut rng), Some(*want), "{scores:?}");
+                assert_eq!(
+                    pick(scores, &[], None, None, &mut rng),
+                    Some(*want),
+                    "{scores:?}"
+                );
             }
         }
-        assert_eq!(pick(&[], &[], None, &mut fastrand::Rng::with_seed(1)), None);
+        assert_eq!(
+            pick(&[], &[], None, None, &mut fastrand::Rng::with_seed(1)),
+            None
+        );
     }
 
     #[test]
@@ -91,8 +139,22 @@ mod tests {
         let scores = [2.0, 1.0, 2.0, 2.0 + 1e-12];
         let mut seen = [0usize; 4];
         for seed in 0..200 {
-            let a = pick(&scores, &[], None, &mut fastrand::Rng::with_seed(seed)).unwrap();
-            let b = pick(&scores, &[], None, &mut fastrand::Rng::with_seed(seed)).unwrap();
+            let a = pick(
+                &scores,
+                &[],
+                None,
+                None,
+                &mut fastrand::Rng::with_seed(seed),
+            )
+            .unwrap();
+            let b = pick(
+                &scores,
+                &[],
+                None,
+                None,
+                &mut fastrand::Rng::with_seed(seed),
+            )
+            .unwrap();
             assert_eq!(a, b, "seed {seed} not deterministic");
             seen[a] += 1;
         }
@@ -122,6 +184,7 @@ mod tests {
                 let got = pick(
                     scores,
                     last,
+                    None,
                     Some(*margin),
                     &mut fastrand::Rng::with_seed(seed),
                 )
@@ -129,5 +192,62 @@ mod tests {
                 assert!(allowed.contains(&got), "{scores:?} {last:?}: {got}");
             }
         }
+    }
+
+    #[test]
+    fn rendezvous_decides_ties_and_cold_picks_the_same_everywhere() {
+        let eps: Vec<Endpoint> = (1..=4)
+            .map(|i| format!("10.0.0.{i}:8000").parse().unwrap())
+            .collect();
+        let mut winners = [0usize; 4];
+        for key in 0..400u64 {
+            let rank: Vec<u64> = eps.iter().map(|e| rendezvous(key, e)).collect();
+            let scores = [1.0, 1.0, 1.0, 1.0];
+            // Whatever the RNG seed (the worker, the replica): one answer.
+            let picks: Vec<_> = (0..5)
+                .map(|seed| {
+                    let mut rng = fastrand::Rng::with_seed(seed);
+                    pick(
+                        &scores,
+                        &[Some(seed), None, None, None],
+                        Some(&rank),
+                        Some(0.5),
+                        &mut rng,
+                    )
+                })
+                .collect();
+            assert!(
+                picks.windows(2).all(|w| w[0] == w[1]),
+                "key {key}: {picks:?}"
+            );
+            winners[picks[0].unwrap()] += 1;
+            // A candidate out of the margin is never picked, whatever its hash.
+            let w = picks[0].unwrap();
+            let mut loaded = scores;
+            loaded[w] = 0.2;
+            let mut rng = fastrand::Rng::with_seed(1);
+            let p = pick(&loaded, &[], Some(&rank), Some(0.5), &mut rng).unwrap();
+            assert_ne!(p, w, "key {key}");
+            // Warm: the best score wins; a tie among the best is the hash's.
+            let mut warm = [0.0; 4];
+            warm[(w + 1) % 4] = 2.0;
+            assert_eq!(
+                pick(&warm, &[], Some(&rank), None, &mut rng),
+                Some((w + 1) % 4)
+            );
+        }
+        // Distinct keys spread over the pool like a hash.
+        assert!(winners.iter().all(|&n| n > 60), "{winners:?}");
+        // Pinned values: the weight must not change across platforms or releases
+        // (replicas running different builds must agree).
+        assert_eq!(
+            rendezvous(0, &eps[0]),
+            rendezvous(0, &"10.0.0.1:8000".parse().unwrap())
+        );
+        assert_ne!(rendezvous(0, &eps[0]), rendezvous(1, &eps[0]));
+        assert_ne!(
+            rendezvous(7, &"10.0.0.1:8000".parse().unwrap()),
+            rendezvous(7, &"10.0.0.1:8001".parse().unwrap())
+        );
     }
 }

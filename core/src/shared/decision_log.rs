@@ -5,10 +5,15 @@
 //! learns every decision. Slot of sequence number `seq` is `seq % slots`:
 //! the key space is fixed, old decisions are overwritten.
 //!
-//! Wire format (little-endian), version 1:
+//! Entries learned from other gateways (`peer/`) go into the same ring,
+//! marked `from_peer`, so every worker learns them too; a replica serves its
+//! peers only its own decisions (no echo between replicas).
+//!
+//! Wire format (little-endian), version 2:
 //!
 //! ```text
-//! u8  version = 1
+//! u8  version = 2
+//! u8  flags   = bit 0: from_peer (other bits zero)
 //! u8  family  = 4 | 6
 //! ip  4 bytes (v4) | 16 bytes + u32 scope id (v6)
 //! u16 port (non-zero)
@@ -26,7 +31,9 @@ use crate::endpoint::Endpoint;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 /// Current wire-format version (first byte of every encoded entry).
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
+
+const FROM_PEER: u8 = 1;
 
 /// One routing decision as replicated across workers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +46,8 @@ pub struct LogEntry {
     pub at_ms: u64,
     /// The request's chained block hashes.
     pub blocks: Vec<u64>,
+    /// Learned from another gateway (not routed here).
+    pub from_peer: bool,
 }
 
 impl LogEntry {
@@ -48,7 +57,7 @@ impl LogEntry {
             SocketAddr::V4(_) => 4,
             SocketAddr::V6(_) => 16 + 4,
         };
-        2 + addr + 2 + 8 + 8 + 4 + 8 * self.blocks.len()
+        3 + addr + 2 + 8 + 8 + 4 + 8 * self.blocks.len()
     }
 
     /// The compact binary form (see the module doc). Entries with more
@@ -57,6 +66,7 @@ impl LogEntry {
         let n = self.blocks.len().min(u32::MAX as usize);
         let mut out = Vec::with_capacity(self.encoded_len());
         out.push(VERSION);
+        out.push(if self.from_peer { FROM_PEER } else { 0 });
         match self.endpoint.addr() {
             SocketAddr::V4(a) => {
                 out.push(4);
@@ -84,6 +94,11 @@ impl LogEntry {
         if r.take::<1>()? != [VERSION] {
             return None;
         }
+        let from_peer = match r.take::<1>()? {
+            [0] => false,
+            [FROM_PEER] => true,
+            _ => return None,
+        };
         let ip: std::net::IpAddr = match r.take::<1>()? {
             [4] => Ipv4Addr::from(r.take::<4>()?).into(),
             [6] => Ipv6Addr::from(r.take::<16>()?).into(),
@@ -122,6 +137,7 @@ impl LogEntry {
             endpoint: Endpoint::new(addr),
             at_ms,
             blocks,
+            from_peer,
         })
     }
 }
@@ -159,6 +175,7 @@ mod tests {
             endpoint: ep.parse().unwrap(),
             at_ms: 1_764_000_000_123,
             blocks,
+            from_peer: false,
         }
     }
 
@@ -181,12 +198,15 @@ mod tests {
 
     #[test]
     fn layout_is_little_endian() {
-        let e = entry("1.2.3.4:258", vec![0x1122]);
+        let mut e = entry("1.2.3.4:258", vec![0x1122]);
         let b = e.encode();
-        assert_eq!(&b[..8], &[1, 4, 1, 2, 3, 4, 2, 1]);
-        assert_eq!(&b[8..16], &e.seq.to_le_bytes());
-        assert_eq!(&b[24..28], &[1, 0, 0, 0]);
-        assert_eq!(&b[28..], &[0x22, 0x11, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[..9], &[2, 0, 4, 1, 2, 3, 4, 2, 1]);
+        assert_eq!(&b[9..17], &e.seq.to_le_bytes());
+        assert_eq!(&b[25..29], &[1, 0, 0, 0]);
+        assert_eq!(&b[29..], &[0x22, 0x11, 0, 0, 0, 0, 0, 0]);
+        e.from_peer = true;
+        assert_eq!(e.encode()[1], 1);
+        assert_eq!(LogEntry::decode(&e.encode()), Some(e));
     }
 
     #[test]
@@ -195,7 +215,7 @@ mod tests {
         let mut cases: Vec<Vec<u8>> = vec![
             vec![],
             vec![1],
-            vec![2, 4, 1, 2, 3, 4],
+            vec![2, 0, 4, 1, 2, 3, 4],
             b"hello world, this is not a log entry".to_vec(),
             vec![0xff; 64],
         ];
@@ -206,12 +226,12 @@ mod tests {
         let mut longer = good.clone();
         longer.push(0);
         cases.push(longer);
-        // Wrong version, family, zero port, lying counts.
-        for (at, v) in [(0, 2u8), (1, 5), (6, 0), (24, 4), (27, 0xff)] {
+        // Wrong version, flags, family, zero port, lying counts.
+        for (at, v) in [(0, 1u8), (1, 2), (2, 5), (7, 0), (25, 4), (28, 0xff)] {
             let mut bad = good.clone();
             bad[at] = v;
-            if at == 6 {
-                bad[7] = 0;
+            if at == 7 {
+                bad[8] = 0;
             }
             cases.push(bad);
         }

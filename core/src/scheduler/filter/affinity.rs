@@ -211,6 +211,7 @@ mod tests {
         let req = RequestFacts {
             total_blocks: 10,
             prompt_tokens: 640,
+            affinity_key: None,
         };
         let mut no_token_gate = cfg.clone();
         no_token_gate.gate_max_tokens_excess = None;

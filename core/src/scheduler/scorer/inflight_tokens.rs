@@ -100,6 +100,7 @@ mod tests {
             let req = RequestFacts {
                 total_blocks: *blocks,
                 prompt_tokens: *tokens,
+                affinity_key: None,
             };
             let cands: Vec<_> = rows
                 .iter()

@@ -63,6 +63,7 @@ mod tests {
             let req = RequestFacts {
                 total_blocks: *total,
                 prompt_tokens: 100,
+                affinity_key: None,
             };
             let cands: Vec<_> = matched
                 .iter()

@@ -1,0 +1,398 @@
+//! Active-active gateways (issue 11) through real Envoys and real
+//! kvroute-sim pods: three kvroute replicas (each `./build.sh serve` with
+//! `--peer-listen` / `--peers`) in front of the same pods.
+//!
+//! - a conversation whose turns alternate between replicas stays on one pod,
+//!   each later turn decided by the prefix its first replica taught the others;
+//! - a burst of new conversations split across replicas lands on one pod per
+//!   shared prefix (rendezvous choice, no sync needed);
+//! - a replica killed mid-run leaves the others routing with affinity, and it
+//!   rejoins (learns and teaches again) when restarted;
+//! - a peer answering junk, huge answers, foreign hosts or impossible entries
+//!   changes nothing: counted, ignored, never an upstream outside the pool;
+//! - the sync endpoint is not served on the public listener.
+
+mod support;
+
+use kvroute_core::config::PrefixConfig;
+use kvroute_core::inflight::InFlightTable;
+use kvroute_core::peer::wire::SyncAnswer;
+use kvroute_core::request::{parse, ApiKind};
+use kvroute_core::shared::decision_log::LogEntry;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const DEBUG: &str = "x-kvroute-debug";
+
+fn config() -> Value {
+    json!({"debug_header": DEBUG})
+}
+
+/// Starts replica `i` of a group whose peer listeners are `peer_ports`
+/// (every replica lists all of them, itself included, as a Kubernetes
+/// headless Service would).
+fn replica(i: usize, pods: &[String], peer_ports: &[u16], config: Value) -> Envoy {
+    let listen = format!("127.0.0.1:{}", peer_ports[i]);
+    let peers: Vec<String> = peer_ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    Envoy::start_with(
+        pods,
+        config,
+        2,
+        &["--peer-listen", &listen, "--peers", &peers.join(",")],
+    )
+}
+
+fn group(n: usize, pods: &[String]) -> (Vec<Envoy>, Vec<u16>) {
+    let peer_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let envoys = (0..n)
+        .map(|i| replica(i, pods, &peer_ports, config()))
+        .collect();
+    (envoys, peer_ports)
+}
+
+/// Waits until every replica has heard from `n` peers.
+fn wait_synced(replicas: &[&Envoy], n: usize) {
+    let start = Instant::now();
+    while !replicas
+        .iter()
+        .all(|r| r.stat("wasmcustom.kvroute.peer.replicas") >= n as f64)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "replicas did not sync: {:?}",
+            replicas
+                .iter()
+                .map(|r| r.stat("wasmcustom.kvroute.peer.replicas"))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The decision's reason and matched blocks from the debug header.
+fn reason(r: &Reply) -> (String, usize) {
+    let d = r.header(DEBUG).expect("debug header");
+    let field = |k: &str| {
+        d.split("; ")
+            .find_map(|kv| kv.strip_prefix(k))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let matched = field("matched=");
+    let n = matched.split('/').next().unwrap().parse().unwrap_or(0);
+    (field("reason=").to_lowercase(), n)
+}
+
+fn turn(envoy: &Envoy, tag: &str, t: usize) -> Reply {
+    let r = post_json(
+        &envoy.url("/v1/chat/completions"),
+        &conversation_turn(MODEL, tag, t),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    r
+}
+
+#[test]
+fn turns_alternating_between_replicas_stay_on_one_pod() {
+    let sim = Sim::start(4, &[]);
+    let (replicas, _) = group(3, &sim.endpoints());
+    wait_synced(&replicas.iter().collect::<Vec<_>>(), 2);
+    // Not on the public listener, whatever the path policy.
+    let r = get(&replicas[0].url("/kvroute/peer/v1/log?since=0&max_bytes=4096"));
+    assert_eq!(r.status, 404, "{}", r.body);
+
+    let mut later_turns = 0;
+    for c in 0..8 {
+        let tag = format!("alternating-{c}");
+        let mut pods = Vec::new();
+        for t in 0..4 {
+            let r = turn(&replicas[(c + t) % 3], &tag, t);
+            pods.push(r.pod().unwrap());
+            if t > 0 {
+                // Taught by another replica: a prefix decision, not a
+                // cold one that happens to agree.
+                let (why, matched) = reason(&r);
+                assert_eq!(why, "prefix", "{tag} turn {t}: {:?}", r.header(DEBUG));
+                assert!(matched > 0);
+                later_turns += 1;
+            }
+            // Think time longer than the sync lag (sync every 50 ms).
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        assert!(pods.iter().all(|&p| p == pods[0]), "{tag}: {pods:?}");
+    }
+    let learned: f64 = replicas
+        .iter()
+        .map(|r| r.stat("wasmcustom.kvroute.peer.learned"))
+        .sum();
+    assert!(learned >= later_turns as f64, "learned {learned}");
+    for r in &replicas {
+        assert_eq!(r.stat("wasmcustom.kvroute.peer.malformed"), 0.0);
+        assert_eq!(r.stat("wasmcustom.kvroute.peer.dropped"), 0.0);
+    }
+}
+
+/// Sends one new conversation per (prefix, replica) of `wave` at once;
+/// returns (prefix, pod) per request.
+fn burst(replicas: &[Envoy], wave: &[usize]) -> Vec<(usize, usize)> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = wave
+            .iter()
+            .flat_map(|&p| (0..replicas.len()).map(move |i| (p, i)))
+            .map(|(p, i)| {
+                let envoy = &replicas[i];
+                s.spawn(move || {
+                    let mut body = conversation_turn(MODEL, &format!("shared-{p}"), 0);
+                    body["messages"][1]["content"] = json!(format!("user {i} of prefix {p}"));
+                    let r = post_json(&envoy.url("/v1/chat/completions"), &body);
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    (p, r.pod().unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Prefixes of `results` whose requests all landed on one pod.
+fn agreeing(results: &[(usize, usize)]) -> usize {
+    let mut by_prefix: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for &(p, pod) in results {
+        by_prefix.entry(p).or_default().push(pod);
+    }
+    by_prefix
+        .values()
+        .filter(|pods| pods.iter().all(|&x| x == pods[0]))
+        .count()
+}
+
+#[test]
+fn burst_split_across_replicas_lands_on_one_pod_per_prefix() {
+    let sim = Sim::start(4, &[]);
+    let (replicas, _) = group(3, &sim.endpoints());
+    wait_synced(&replicas.iter().collect::<Vec<_>>(), 2);
+    // A shared system prompt reaches all three replicas at the same moment,
+    // well inside the sync lag: every replica picks the same pod. Eight
+    // such prefixes one after another (a random or least-recently-picked
+    // tie-break per replica would agree on 1 in 16).
+    let mut results = Vec::new();
+    for p in 0..8 {
+        results.extend(burst(&replicas, &[p]));
+        // Let the views settle: peers' in-flight counts are one sync old,
+        // and two of them left over would move the choice (the load bound).
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(agreeing(&results), 8, "{results:?}");
+    let used: std::collections::HashSet<usize> = results.iter().map(|(_, pod)| *pod).collect();
+    assert!(used.len() >= 3, "distinct prefixes spread: {results:?}");
+    // Eight new prefixes at once (24 requests on 4 pods, each replica
+    // deciding its eight in its own order): the load bound moves a request
+    // off a pod that already has about two more in flight than the least
+    // loaded, so agreement is partial (random choices: 1 prefix in 2), and
+    // no pod takes the wave.
+    let results = burst(&replicas, &(8..16).collect::<Vec<_>>());
+    let mut per_pod = [0usize; 4];
+    for &(_, pod) in &results {
+        per_pod[pod] += 1;
+    }
+    assert!(agreeing(&results) >= 2, "{results:?}");
+    assert!(per_pod.iter().all(|&n| n <= 10), "{per_pod:?}");
+}
+
+#[test]
+fn killed_replica_leaves_others_with_affinity_and_rejoins() {
+    let sim = Sim::start(4, &[]);
+    let pods = sim.endpoints();
+    let (mut replicas, peer_ports) = group(3, &pods);
+    wait_synced(&replicas.iter().collect::<Vec<_>>(), 2);
+    drop(replicas.pop()); // replica 2 dies
+
+    // Replicas 0 and 1 keep routing with affinity, at full speed.
+    for c in 0..4 {
+        let tag = format!("survivors-{c}");
+        let first = turn(&replicas[c % 2], &tag, 0).pod();
+        std::thread::sleep(Duration::from_millis(250));
+        let start = Instant::now();
+        let r = turn(&replicas[(c + 1) % 2], &tag, 1);
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "a dead peer delayed a request"
+        );
+        assert_eq!(r.pod(), first, "{tag}");
+        assert_eq!(reason(&r).0, "prefix", "{:?}", r.header(DEBUG));
+    }
+    assert!(replicas[0].stat("wasmcustom.kvroute.peer.sync_failed") > 0.0);
+
+    // It comes back (a new process, a new replica id) on the same address.
+    replicas.push(replica(2, &pods, &peer_ports, config()));
+    wait_synced(&replicas.iter().collect::<Vec<_>>(), 2);
+    for c in 0..4 {
+        let tag = format!("rejoined-{c}");
+        let (a, b) = if c % 2 == 0 { (0, 2) } else { (2, 1) };
+        let first = turn(&replicas[a], &tag, 0).pod();
+        std::thread::sleep(Duration::from_millis(250));
+        let r = turn(&replicas[b], &tag, 1);
+        assert_eq!(r.pod(), first, "{tag}");
+        assert_eq!(reason(&r).0, "prefix", "{tag}: {:?}", r.header(DEBUG));
+    }
+}
+
+/// A fake peer: answers every sync request with the next of `answers`
+/// (status, body), cycling.
+fn fake_peer(answers: Vec<(u16, Vec<u8>)>) -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let i = count.fetch_add(1, Ordering::SeqCst);
+            let (status, body) = &answers[i % answers.len()];
+            let head = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes());
+            let _ = s.write_all(body);
+        }
+    });
+    (port, served)
+}
+
+#[test]
+fn a_hostile_peer_changes_nothing() {
+    let sim = Sim::start(4, &[]);
+    let pods = sim.endpoints();
+    let pod = |i: usize| pods[i].parse().unwrap();
+    // The blocks of a conversation's first turn, as kvroute hashes them.
+    let body = conversation_turn(MODEL, "steered", 0);
+    let blocks = parse(
+        ApiKind::ChatCompletions,
+        &serde_json::to_vec(&body).unwrap(),
+        &PrefixConfig::default(),
+    )
+    .unwrap()
+    .blocks;
+    let entry = |endpoint, blocks: Vec<u64>, from_peer| LogEntry {
+        seq: 0,
+        endpoint,
+        at_ms: 0,
+        blocks,
+        from_peer,
+    };
+    let answer = |entries: Vec<LogEntry>, inflight: InFlightTable| {
+        SyncAnswer {
+            replica: 0x5eed,
+            next: 1,
+            skipped: 0,
+            inflight,
+            entries,
+        }
+        .encode()
+    };
+    // Claims of a host outside the pool: as decisions and as load.
+    let mut foreign_load = InFlightTable::new();
+    foreign_load.add("10.9.9.9:80".parse().unwrap(), 1_000_000, 1);
+    let hostile = vec![
+        (200, b"not a sync answer at all".to_vec()),
+        (200, vec![0u8; 5 * 1024 * 1024]), // past peers.max_response_bytes
+        (500, b"oops".to_vec()),
+        (
+            200,
+            answer(
+                vec![
+                    entry("10.9.9.9:80".parse().unwrap(), blocks.clone(), false),
+                    entry(pod(2), (0..100_000).collect(), false),
+                    entry(pod(2), blocks.clone(), true),
+                    entry(pod(2), vec![], false),
+                ],
+                foreign_load,
+            ),
+        ),
+    ];
+    let peer_ports = [free_port()];
+    let (fake, served) = fake_peer(hostile);
+    let listen = format!("127.0.0.1:{}", peer_ports[0]);
+    let envoy = Envoy::start_with(
+        &pods,
+        config(),
+        2,
+        &[
+            "--peer-listen",
+            &listen,
+            "--peers",
+            &format!("127.0.0.1:{fake}"),
+        ],
+    );
+    let start = Instant::now();
+    while served.load(Ordering::SeqCst) < 40 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never asked");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Junk is malformed; the huge answer is refused unread (malformed) or
+    // cut by Envoy (failed); the 500 failed.
+    let malformed = envoy.stat("wasmcustom.kvroute.peer.malformed");
+    let failed = envoy.stat("wasmcustom.kvroute.peer.sync_failed");
+    assert!(
+        malformed >= 1.0 && failed >= 1.0 && malformed + failed >= 3.0,
+        "{malformed} {failed}"
+    );
+    assert!(envoy.stat("wasmcustom.kvroute.peer.dropped") >= 4.0);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.peer.learned"), 0.0);
+    // The steered conversation is still new to this replica, every request
+    // reaches a pool pod, and the VM is alive.
+    let r = turn(&envoy, "steered", 0);
+    assert_eq!(reason(&r).0, "cold", "{:?}", r.header(DEBUG));
+    for t in 0..20 {
+        let r = turn(&envoy, &format!("after-junk-{t}"), 0);
+        assert!(r.pod().is_some());
+    }
+    assert!(!envoy.log().contains("panicked"), "{}", envoy.log());
+    drop(envoy);
+
+    // The control: the same harness with one honest entry does steer, so the
+    // assertions above could fail.
+    let honest = vec![(
+        200,
+        answer(vec![entry(pod(2), blocks, false)], InFlightTable::new()),
+    )];
+    let (fake, served) = fake_peer(honest);
+    let envoy = Envoy::start_with(
+        &pods,
+        config(),
+        2,
+        &[
+            "--peer-listen",
+            &listen,
+            "--peers",
+            &format!("127.0.0.1:{fake}"),
+        ],
+    );
+    let start = Instant::now();
+    while served.load(Ordering::SeqCst) < 2 || envoy.stat("wasmcustom.kvroute.peer.learned") < 1.0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never learned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let r = turn(&envoy, "steered", 0);
+    assert_eq!(r.pod(), Some(2), "{:?}", r.header(DEBUG));
+    assert_eq!(reason(&r).0, "prefix");
+}
