@@ -67,7 +67,8 @@ pub struct RunResult {
     /// Raw per-pod counters.
     pub pod_counters: Vec<PodCounters>,
     /// kvroute's counters (`kvroute.decision.*`, `kvroute.peer.*`, ...), summed over
-    /// the replicas, for kvroute variants.
+    /// the replicas, for kvroute variants: their increase over the load phase (peer
+    /// sync also runs while the gateway starts).
     pub router_stats: BTreeMap<String, u64>,
     /// CPU per request of the gateway's Envoys; peer sync traffic and lag.
     pub cost: Option<GatewayCost>,
@@ -154,6 +155,12 @@ pub async fn run_one(
         .progress_chars("=> "),
     );
     pb.set_prefix(format!("{label} {}", arm.name()));
+    let kvroute = router.kvroute_config().is_some();
+    let stats_before = if kvroute {
+        kvroute_counters(&gw.replica_admins()).await
+    } else {
+        BTreeMap::new()
+    };
     let probe = CostProbe::start(&gw).await;
     let t0 = Instant::now();
     let exchanges = run(&gw.url, trace, &e.run, &pb).await?;
@@ -165,11 +172,14 @@ pub async fn run_one(
     // The sim updates counters at admission; give the last responses a moment to settle.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let counters = read_counters(&client, &sim.pods).await?;
-    let router_stats = if router.kvroute_config().is_some() {
+    let mut router_stats = if kvroute {
         kvroute_counters(&gw.replica_admins()).await
     } else {
         BTreeMap::new()
     };
+    for (k, v) in router_stats.iter_mut() {
+        *v = v.saturating_sub(stats_before.get(k).copied().unwrap_or(0));
+    }
     drop(gw);
     drop(sim);
 
