@@ -6,7 +6,9 @@
 #   ./build.sh build    setup + release wasm filter + simulator/bench binaries
 #   ./build.sh serve --endpoints HOST:PORT[,HOST:PORT...] [--listen 127.0.0.1:10000]
 #                    [--admin 127.0.0.1:9901] [--concurrency N] [--config FILE.json] [--no-build]
-#                       run Envoy with kvroute in front of those endpoints (foreground)
+#                    [--peer-listen HOST:PORT --peers HOST:PORT,...]
+#                       run Envoy with kvroute in front of those endpoints (foreground);
+#                       with --peer-listen/--peers it syncs with the other gateway replicas
 #   ./build.sh test     build + every test (lint, unit, wasm32 unit, integration, deploy)
 #   ./build.sh demo     build + the side-by-side demo (round robin vs kvroute)
 #   ./build.sh bench    build + the full benchmark matrix (bench/README.md)

@@ -24,6 +24,8 @@ use kvroute_core::discovery::{cluster_members, decode_pool, encode_pool};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::metrics::read_snapshot;
 use kvroute_core::metrics::scrape::classify;
+use kvroute_core::peer::table::PeerTable;
+use kvroute_core::peer::wire::{SyncAnswer, SyncQuery};
 use kvroute_core::request::{parse, parse_cost_bound, ApiKind};
 use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::endpoint_state::EndpointStates;
@@ -356,6 +358,36 @@ proptest! {
         let _ = EndpointStates::decode(&bytes);
         let _ = decode_pool(&bytes);
         let _ = cluster_members(&bytes, "kvroute_upstream");
+        // What a peer can send, and what reaches the peer listener.
+        let _ = SyncAnswer::decode(&bytes);
+        let _ = PeerTable::decode(&bytes);
+        let _ = SyncQuery::from_path(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn peer_answers_decode_mutated_encodings(
+        replica in any::<u64>(),
+        blocks in prop::collection::vec(prop::collection::vec(any::<u64>(), 0..16), 0..6),
+        edits in prop::collection::vec(edit(), 1..6),
+    ) {
+        let endpoint: Endpoint = "10.0.0.1:8000".parse().unwrap();
+        let entries: Vec<LogEntry> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| LogEntry { seq: i as u64, endpoint, at_ms: 1, blocks: b.clone(), from_peer: false })
+            .collect();
+        let answer = SyncAnswer { replica, next: 9, skipped: 1, entries, ..SyncAnswer::default() };
+        let bytes = answer.encode();
+        prop_assert_eq!(SyncAnswer::decode(&bytes), Some(answer));
+        // A mutated answer: any outcome but a panic, and nothing decoded
+        // that the bytes could not hold.
+        let mutated = mutate(&bytes, &edits);
+        let (decoded, peak) = peak_alloc(|| SyncAnswer::decode(&mutated));
+        // (The in-flight table reserves up to 1024 entries whatever its count says.)
+        prop_assert!(peak <= 4 * mutated.len() + 72 * 1024, "{} bytes for {}", peak, mutated.len());
+        drop(decoded);
+        let path = SyncQuery { replica: Some(replica), since: 3, max_bytes: 4096 }.to_path();
+        let _ = SyncQuery::from_path(&String::from_utf8_lossy(&mutate(path.as_bytes(), &edits)));
     }
 
     #[test]

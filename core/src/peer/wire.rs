@@ -23,6 +23,8 @@ use crate::shared::decision_log::LogEntry;
 
 const MAGIC: &[u8; 4] = b"KVPS";
 const VERSION: u8 = 1;
+/// Smallest encoded decision with its length prefix (IPv4, no blocks).
+const MIN_ENTRY_BYTES: usize = 4 + 3 + 4 + 2 + 8 + 8 + 4;
 /// Bytes of the answer before its entries, besides the in-flight table.
 const HEADER_BYTES: usize = 4 + 1 + 8 + 8 + 8 + 4 + 4;
 
@@ -207,9 +209,9 @@ impl SyncAnswer {
         let len = u32_le(take(&mut r, 4)?) as usize;
         let inflight = InFlightTable::decode(take(&mut r, len)?)?;
         let n = u32_le(take(&mut r, 4)?) as usize;
-        // Each entry takes at least its length prefix: a lying count cannot
-        // reserve more than the bytes present allow.
-        let mut entries = Vec::with_capacity(n.min(r.len() / 4));
+        // Each entry takes at least its length prefix and the smallest
+        // decision: a lying count cannot reserve more than the bytes allow.
+        let mut entries = Vec::with_capacity(n.min(r.len() / MIN_ENTRY_BYTES));
         for _ in 0..n {
             let len = u32_le(take(&mut r, 4)?) as usize;
             entries.push(LogEntry::decode(take(&mut r, len)?)?);
