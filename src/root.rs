@@ -181,7 +181,10 @@ impl KvRouteRoot {
         let Some(peers) = &state.config().peers else {
             return;
         };
-        if now.saturating_sub(self.last_sync_ms) < peers.sync_interval_ms {
+        // Ticks jitter: half a tick early counts as on time (else a 50 ms
+        // interval on a 50 ms tick would often sync every other tick).
+        let half_tick = state.config().metrics.scrape_interval_ms / 2;
+        if now.saturating_sub(self.last_sync_ms) + half_tick < peers.sync_interval_ms {
             return;
         }
         self.last_sync_ms = now;
