@@ -1,6 +1,7 @@
 //! The subcommands: `demo` (round robin vs kvroute, short), `matrix` (every workload x
-//! every router) and `setup` (install sglang-router). Each builds traces, runs the
-//! experiments one after another, prints tables and writes JSON + SVG.
+//! every router), `replicas` (one kvroute vs N replicas with and without peer sync)
+//! and `setup` (install sglang-router). Each builds traces, runs the experiments one
+//! after another, prints tables and writes JSON + SVG.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,8 +10,9 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::experiment::{run_one, Experiment, RunResult};
+use crate::gateway::{peer_sync_available, Arm, Topology};
 use crate::procs::{SimSettings, Tools};
-use crate::report::{machine, table, write_json, ResultsFile};
+use crate::report::{cost_table, machine, table, write_json, ResultsFile};
 use crate::router_under_test::{ensure_sglang, RouterKind};
 use crate::runner::RunSettings;
 use crate::trace::Trace;
@@ -140,6 +142,63 @@ impl FleetArgs {
     }
 }
 
+/// Peer sync of replicated kvroute rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncMode {
+    /// Replicas sync (`render.py --peer-listen/--peers`).
+    On,
+    /// Replicas do not sync: each knows only what it routed itself.
+    Off,
+    /// Both rows, side by side in the same run.
+    Both,
+}
+
+impl SyncMode {
+    /// The sync settings to run, in report order (without sync first).
+    pub fn settings(self) -> &'static [bool] {
+        match self {
+            SyncMode::On => &[true],
+            SyncMode::Off => &[false],
+            SyncMode::Both => &[false, true],
+        }
+    }
+}
+
+/// How the routers are deployed in `matrix` and `demo`: alone, or as N replicas
+/// behind a front Envoy that round-robins requests over them (issue 11).
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct TopologyArgs {
+    /// Router replicas behind a front Envoy (round robin); 1 = the router alone, no
+    /// front Envoy (as before). Every router kind can be replicated.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// With --replicas > 1: kvroute's peer sync on, off, or both rows side by side.
+    #[arg(long, value_enum, default_value_t = SyncMode::On)]
+    pub sync: SyncMode,
+}
+
+impl TopologyArgs {
+    /// The rows for `routers`: each alone, or replicated with each sync setting
+    /// (one row for routers without sync).
+    pub fn arms(&self, routers: &[RouterKind]) -> Vec<Arm> {
+        let mut arms = Vec::new();
+        for &r in routers {
+            if self.replicas <= 1 {
+                arms.push(Arm::single(r));
+                continue;
+            }
+            for &sync in self.sync.settings() {
+                let arm = Arm::new(r, Topology::replicated(self.replicas, sync));
+                if !arms.contains(&arm) {
+                    arms.push(arm);
+                }
+            }
+        }
+        arms
+    }
+}
+
 /// Arguments of `kvroute-bench matrix`.
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct MatrixArgs {
@@ -152,6 +211,9 @@ pub struct MatrixArgs {
     /// Results file name stem under the output directory.
     #[arg(long, default_value = "matrix")]
     pub name: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub topology: TopologyArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub fleet: FleetArgs,
@@ -187,9 +249,56 @@ pub struct DemoArgs {
     /// Seed of the trace.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub topology: TopologyArgs,
     /// Repository root.
     #[arg(long, default_value_os_t = default_root())]
     pub root: PathBuf,
+}
+
+/// Arguments of `kvroute-bench replicas`.
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct ReplicasArgs {
+    /// Workloads to run.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Workload::Pressure, Workload::Chat])]
+    pub workloads: Vec<Workload>,
+    /// Replicas of the replicated rows.
+    #[arg(long, default_value_t = 3)]
+    pub replicas: usize,
+    /// Replicated rows: with peer sync, without, or both.
+    #[arg(long, value_enum, default_value_t = SyncMode::Both)]
+    pub sync: SyncMode,
+    /// The kvroute variant under test.
+    #[arg(long, value_enum, default_value = "kvroute")]
+    pub router: RouterKind,
+    /// Results file name stem under the output directory.
+    #[arg(long, default_value = "replicas")]
+    pub name: String,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub fleet: FleetArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub workload: WorkloadArgs,
+}
+
+impl ReplicasArgs {
+    /// The rows, all behind the same front Envoy: round robin (the floor), the
+    /// router as one replica, then N replicas without and with peer sync.
+    pub fn arms(&self) -> Vec<Arm> {
+        let mut arms = vec![
+            Arm::new(RouterKind::EnvoyRoundRobin, Topology::replicated(1, false)),
+            Arm::new(self.router, Topology::replicated(1, false)),
+        ];
+        for &sync in self.sync.settings() {
+            arms.push(Arm::new(
+                self.router,
+                Topology::replicated(self.replicas, sync),
+            ));
+        }
+        arms
+    }
 }
 
 /// Arguments of `kvroute-bench setup`.
@@ -208,13 +317,45 @@ pub fn setup(a: &SetupArgs) -> Result<()> {
     Ok(())
 }
 
+/// What the rows of a comparison may need that can be missing: sglang-router, and
+/// kvroute's peer sync in `envoy/render.py`. Rows needing a missing one are skipped.
+struct Available {
+    sglang: std::result::Result<(), String>,
+    peer_sync: std::result::Result<(), String>,
+}
+
+impl Available {
+    fn check(arms: &[Arm], tools: &Tools) -> Self {
+        Available {
+            sglang: if arms.iter().any(|a| a.router.is_sglang()) {
+                ensure_sglang(tools)
+            } else {
+                Ok(())
+            },
+            peer_sync: if arms.iter().any(|a| a.topology.sync) {
+                peer_sync_available(tools)
+            } else {
+                Ok(())
+            },
+        }
+    }
+
+    fn missing_for(&self, arm: &Arm) -> Option<&String> {
+        match (&self.sglang, &self.peer_sync) {
+            (Err(why), _) if arm.router.is_sglang() => Some(why),
+            (_, Err(why)) if arm.topology.sync => Some(why),
+            _ => None,
+        }
+    }
+}
+
 async fn compare(
     workload: Workload,
     trace: &Trace,
-    routers: &[RouterKind],
+    arms: &[Arm],
     e: &Experiment,
     tools: &Tools,
-    sglang: &std::result::Result<(), String>,
+    available: &Available,
 ) -> Vec<RunResult> {
     let mut out = Vec::new();
     println!(
@@ -227,25 +368,25 @@ async fn compare(
         e.sim.kv_blocks,
         e.sim.time_scale
     );
-    for &r in routers {
-        if let (true, Err(why)) = (r.is_sglang(), sglang) {
-            println!("{}: skipped ({why})", r.name());
+    for arm in arms {
+        if let Some(why) = available.missing_for(arm) {
+            println!("{}: skipped ({why})", arm.name());
             out.push(RunResult::skipped(
                 workload.name(),
-                r,
+                arm,
                 e.sim.pods,
                 why.clone(),
             ));
             continue;
         }
-        match run_one(r, trace, e, tools, workload.name()).await {
+        match run_one(arm, trace, e, tools, workload.name()).await {
             Ok(res) => out.push(res),
             Err(err) => {
                 let why = format!("{err:#}");
-                eprintln!("{} on {}: failed: {why}", r.name(), workload.name());
+                eprintln!("{} on {}: failed: {why}", arm.name(), workload.name());
                 out.push(RunResult::skipped(
                     workload.name(),
-                    r,
+                    arm,
                     e.sim.pods,
                     format!("failed: {why}"),
                 ));
@@ -253,6 +394,13 @@ async fn compare(
         }
     }
     println!("{}", table(&out));
+    if arms.iter().any(|a| a.topology != Topology::SINGLE) {
+        println!(
+            "gateway cost ({} Envoy workers per replica; CPU and bytes in wall-clock time):\n{}",
+            e.envoy_workers,
+            cost_table(&out)
+        );
+    }
     out
 }
 
@@ -262,6 +410,7 @@ struct Settings<'a, W: Serialize> {
     args: &'a W,
     kv_blocks_per_workload: Vec<(String, usize)>,
     sglang_router: String,
+    peer_sync: String,
 }
 
 /// `kvroute-bench matrix`.
@@ -277,11 +426,8 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
     } else {
         a.routers.clone()
     };
-    let sglang = if routers.iter().any(|r| r.is_sglang()) {
-        ensure_sglang(&tools)
-    } else {
-        Ok(())
-    };
+    let arms = a.topology.arms(&routers);
+    let available = Available::check(&arms, &tools);
     let out_dir = a.fleet.out_dir();
     let t0 = Instant::now();
     let mut all = Vec::new();
@@ -290,7 +436,7 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
         let trace = a.fleet.cut(a.workload.trace(w));
         let e = a.fleet.experiment(w, &trace, &a.workload);
         kv.push((w.name().to_string(), e.sim.kv_blocks));
-        let results = compare(w, &trace, &routers, &e, &tools, &sglang).await;
+        let results = compare(w, &trace, &arms, &e, &tools, &available).await;
         let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
         std::fs::create_dir_all(&out_dir)?;
         let title = format!(
@@ -311,7 +457,8 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
             settings: Settings {
                 args: a,
                 kv_blocks_per_workload: kv.clone(),
-                sglang_router: sglang_note(&sglang),
+                sglang_router: sglang_note(&available.sglang),
+                peer_sync: availability_note(&available.peer_sync, &arms),
             },
             results: &all,
         };
@@ -327,12 +474,137 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
     Ok(())
 }
 
+/// `kvroute-bench replicas`: on each workload, in one run and behind the same front
+/// Envoy, round robin, the router as one replica, and N replicas without and with
+/// kvroute's peer sync (issue 11); then the replicated rows against one replica.
+pub async fn replicas(a: &ReplicasArgs) -> Result<()> {
+    let tools = Tools::new(&a.fleet.root)?;
+    let arms = a.arms();
+    let available = Available::check(&arms, &tools);
+    if let Err(why) = &available.peer_sync {
+        eprintln!("kvroute-bench: sync rows skipped: {why}");
+    }
+    let out_dir = a.fleet.out_dir();
+    let t0 = Instant::now();
+    let mut all = Vec::new();
+    let mut kv = Vec::new();
+    for &w in &a.workloads {
+        let trace = a.fleet.cut(a.workload.trace(w));
+        let e = a.fleet.experiment(w, &trace, &a.workload);
+        kv.push((w.name().to_string(), e.sim.kv_blocks));
+        let results = compare(w, &trace, &arms, &e, &tools, &available).await;
+        std::fs::create_dir_all(&out_dir)?;
+        let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
+        let title = format!(
+            "{}: {} pods, {} requests, 1 vs {} gateway replicas (kvroute-bench replicas)",
+            w.name(),
+            e.sim.pods,
+            trace.requests(),
+            a.replicas
+        );
+        if let Err(err) = crate::plot::plot(&svg, &title, &results) {
+            eprintln!("plot {}: {err:#}", svg.display());
+        }
+        all.extend(results);
+        let file = ResultsFile {
+            command: "replicas",
+            argv: std::env::args().collect(),
+            finished_unix: unix_now(),
+            machine: machine(),
+            settings: Settings {
+                args: a,
+                kv_blocks_per_workload: kv.clone(),
+                sglang_router: "not used".into(),
+                peer_sync: availability_note(&available.peer_sync, &arms),
+            },
+            results: &all,
+        };
+        write_json(&out_dir.join(format!("{}.json", a.name)), &file)?;
+    }
+    println!("\n{}", replicas_summary(&all, a.router.name()));
+    println!(
+        "replicas done in {:.0} s: {} and {}-<workload>.svg",
+        t0.elapsed().as_secs_f64(),
+        out_dir.join(format!("{}.json", a.name)).display(),
+        out_dir.join(&a.name).display()
+    );
+    Ok(())
+}
+
+/// Every row against the single replica of `router` on the same workload: hit-rate
+/// difference (points) and TTFT p50 ratio, the targets of issue 11 (3 replicas with
+/// sync: within 3 points, within 15 %).
+pub fn replicas_summary(results: &[RunResult], router: &str) -> String {
+    let mut out = String::from(
+        "side by side (TTFT in simulated ms; vs x1 = the single replica behind the same front):\n",
+    );
+    let one = format!("{router} x1");
+    for r in results {
+        if let Some(why) = &r.skipped {
+            out.push_str(&format!(
+                "  {:<9} {:<26} skipped: {why}\n",
+                r.workload, r.router
+            ));
+            continue;
+        }
+        out.push_str(&format!(
+            "  {:<9} {:<26} hit rate {:>5.1}%  TTFT p50 {:>5.0}  p99 {:>5.0}",
+            r.workload,
+            r.router,
+            r.hit_rate * 100.0,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99
+        ));
+        let base = results
+            .iter()
+            .find(|b| b.workload == r.workload && b.router == one && b.skipped.is_none());
+        if let Some(b) = base.filter(|b| b.router != r.router) {
+            let points = (r.hit_rate - b.hit_rate) * 100.0;
+            let ratio = r.ttft_ms.p50 / b.ttft_ms.p50.max(1e-9);
+            out.push_str(&format!(
+                "  vs x1: {points:+.1} points, TTFT p50 x{ratio:.2}"
+            ));
+            if r.peer_sync {
+                let ok = points >= -3.0 && ratio <= 1.15;
+                out.push_str(if ok {
+                    "  (target met)"
+                } else {
+                    "  (target: -3 points, x1.15)"
+                });
+                // What the sync itself costs: the same replicas without it, same workload.
+                let no_sync = results.iter().find(|n| {
+                    n.workload == r.workload
+                        && n.replicas == r.replicas
+                        && !n.peer_sync
+                        && n.skipped.is_none()
+                });
+                if let (Some(c), Some(n)) = (&r.cost, no_sync.and_then(|n| n.cost.as_ref())) {
+                    out.push_str(&format!(
+                        "; replicas' CPU {:+.2} ms/req vs no-sync",
+                        c.replicas_cpu_ms_per_request - n.replicas_cpu_ms_per_request
+                    ));
+                }
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn sglang_note(s: &std::result::Result<(), String>) -> String {
     match s {
         Ok(()) => format!(
             "sglang-router=={}",
             crate::router_under_test::SGLANG_ROUTER_VERSION
         ),
+        Err(e) => format!("unavailable: {e}"),
+    }
+}
+
+fn availability_note(s: &std::result::Result<(), String>, arms: &[Arm]) -> String {
+    match s {
+        _ if !arms.iter().any(|a| a.topology.sync) => "not used".into(),
+        Ok(()) => "envoy/render.py --peer-listen/--peers".into(),
         Err(e) => format!("unavailable: {e}"),
     }
 }
@@ -376,8 +648,11 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
          with {} KV blocks each; time scale {} (latencies in simulated ms).",
         a.groups, a.users_per_group, a.turns, w.chat.chat_system_tokens, a.pods, a.kv_blocks, a.time_scale
     );
-    let routers = [RouterKind::EnvoyRoundRobin, RouterKind::Kvroute];
-    let results = compare(Workload::Chat, &trace, &routers, &e, &tools, &Ok(())).await;
+    let arms = a
+        .topology
+        .arms(&[RouterKind::EnvoyRoundRobin, RouterKind::Kvroute]);
+    let available = Available::check(&arms, &tools);
+    let results = compare(Workload::Chat, &trace, &arms, &e, &tools, &available).await;
     let out_dir = f.out_dir();
     std::fs::create_dir_all(&out_dir)?;
     let svg = out_dir.join("demo.svg");
@@ -395,16 +670,19 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
             args: a,
             kv_blocks_per_workload: vec![("chat".into(), a.kv_blocks)],
             sglang_router: "not used".into(),
+            peer_sync: availability_note(&available.peer_sync, &arms),
         },
         results: &results,
     };
     let json = out_dir.join("demo.json");
     write_json(&json, &file)?;
-    if let [rr, kv] = &results[..] {
+    let (rr, kvs) = results.split_first().expect("demo has rows");
+    for kv in kvs {
         if rr.skipped.is_none() && kv.skipped.is_none() {
             println!(
-                "kvroute: hit rate {:.1}% vs {:.1}% for round robin ({:.0}% / {:.0}% of the theoretical max {:.1}%); \
+                "{}: hit rate {:.1}% vs {:.1}% for round robin ({:.0}% / {:.0}% of the theoretical max {:.1}%); \
                  TTFT p50 {:.0} ms vs {:.0} ms ({:.1}x lower).",
+                kv.router,
                 kv.hit_rate * 100.0,
                 rr.hit_rate * 100.0,
                 kv.fraction_of_max * 100.0,

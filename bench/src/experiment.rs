@@ -10,10 +10,11 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::gateway::{start_gateway, Arm};
+use crate::gateway_cost::{kvroute_counters, CostProbe, GatewayCost};
 use crate::measure::{cdf, imbalance, LatencyRecorder, Percentiles};
 use crate::pod_metrics::{read_counters, PodCounters, QueuePoller};
 use crate::procs::{start_sim, SimSettings, Tools};
-use crate::router_under_test::{start, RouterKind};
 use crate::runner::{run, RunSettings};
 use crate::theory::{theoretical_max, RequestBlocks};
 use crate::trace::Trace;
@@ -23,8 +24,14 @@ use crate::trace::Trace;
 pub struct RunResult {
     /// Workload name.
     pub workload: String,
-    /// Router name.
+    /// Router name (with replicas and sync when behind a front Envoy: `Arm::name`).
     pub router: String,
+    /// Router replicas (1: a lone router).
+    pub replicas: usize,
+    /// kvroute's peer sync between the replicas.
+    pub peer_sync: bool,
+    /// Requests went through a front Envoy round-robining over the replicas.
+    pub front: bool,
     /// Why the router was not measured (e.g. sglang-router unavailable).
     pub skipped: Option<String>,
     /// Number of pods.
@@ -59,18 +66,25 @@ pub struct RunResult {
     pub peak_queue: Vec<u64>,
     /// Raw per-pod counters.
     pub pod_counters: Vec<PodCounters>,
-    /// kvroute's decision counters (`kvroute.decision.*`), for kvroute variants.
+    /// kvroute's counters (`kvroute.decision.*`, `kvroute.peer.*`, ...), summed over
+    /// the replicas, for kvroute variants: their increase over the load phase (peer
+    /// sync also runs while the gateway starts).
     pub router_stats: BTreeMap<String, u64>,
+    /// CPU per request of the gateway's Envoys; peer sync traffic and lag.
+    pub cost: Option<GatewayCost>,
     /// TTFT CDF (ms, fraction), downsampled, for the plot.
     pub ttft_cdf: Vec<(f64, f64)>,
 }
 
 impl RunResult {
     /// A placeholder for a router that could not run.
-    pub fn skipped(workload: &str, router: RouterKind, pods: usize, why: String) -> Self {
+    pub fn skipped(workload: &str, arm: &Arm, pods: usize, why: String) -> Self {
         RunResult {
             workload: workload.into(),
-            router: router.name().into(),
+            router: arm.name(),
+            replicas: arm.topology.replicas,
+            peer_sync: arm.topology.sync,
+            front: arm.topology.front,
             skipped: Some(why),
             pods,
             requests: 0,
@@ -89,6 +103,7 @@ impl RunResult {
             peak_queue: Vec::new(),
             pod_counters: Vec::new(),
             router_stats: BTreeMap::new(),
+            cost: None,
             ttft_cdf: Vec::new(),
         }
     }
@@ -107,43 +122,19 @@ pub struct Experiment {
     pub kvroute_config: Option<serde_json::Value>,
 }
 
-async fn kvroute_stats(admin: &str) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(resp) = reqwest::get(format!("{admin}/stats?filter=kvroute")).await else {
-        return out;
-    };
-    let Ok(text) = resp.text().await else {
-        return out;
-    };
-    for line in text.lines() {
-        let Some((k, v)) = line.split_once(": ") else {
-            continue;
-        };
-        let k = k
-            .trim_start_matches("wasmcustom.")
-            .trim_start_matches("kvroute.");
-        if k.starts_with("decision.")
-            || ["requests", "routed", "parsed", "log_lost", "body_too_large"].contains(&k)
-        {
-            if let Ok(v) = v.trim().parse() {
-                out.insert(k.to_string(), v);
-            }
-        }
-    }
-    out
-}
-
-/// Runs `trace` through `router` against freshly started pods.
+/// Runs `trace` through `arm` (a router, alone or replicated) against freshly
+/// started pods.
 pub async fn run_one(
-    router: RouterKind,
+    arm: &Arm,
     trace: &Trace,
     e: &Experiment,
     tools: &Tools,
     label: &str,
 ) -> Result<RunResult> {
+    let router = arm.router;
     let sim = start_sim(&tools.sim, &e.sim, &tools.logs)?;
-    let rut = start(
-        router,
+    let gw = start_gateway(
+        arm,
         &sim.pods,
         tools,
         e.envoy_workers,
@@ -163,20 +154,33 @@ pub async fn run_one(
         .expect("valid template")
         .progress_chars("=> "),
     );
-    pb.set_prefix(format!("{label} {}", router.name()));
+    pb.set_prefix(format!("{label} {}", arm.name()));
+    let kvroute = router.kvroute_config().is_some();
+    let stats_before = if kvroute {
+        kvroute_counters(&gw.replica_admins()).await
+    } else {
+        BTreeMap::new()
+    };
+    let probe = CostProbe::start(&gw).await;
     let t0 = Instant::now();
-    let exchanges = run(&rut.url, trace, &e.run, &pb).await?;
+    let exchanges = run(&gw.url, trace, &e.run, &pb).await?;
     let wall = t0.elapsed();
     pb.finish();
+    let completed = exchanges.iter().filter(|x| x.error.is_none()).count();
     let peak_queue = poller.finish().await;
+    let cost = probe.finish(&gw, completed).await;
     // The sim updates counters at admission; give the last responses a moment to settle.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let counters = read_counters(&client, &sim.pods).await?;
-    let router_stats = match &rut.admin {
-        Some(a) if router.kvroute_config().is_some() => kvroute_stats(a).await,
-        _ => BTreeMap::new(),
+    let mut router_stats = if kvroute {
+        kvroute_counters(&gw.replica_admins()).await
+    } else {
+        BTreeMap::new()
     };
-    drop(rut);
+    for (k, v) in router_stats.iter_mut() {
+        *v = v.saturating_sub(stats_before.get(k).copied().unwrap_or(0));
+    }
+    drop(gw);
     drop(sim);
 
     let blocks: Vec<RequestBlocks> = exchanges.iter().map(|x| x.blocks.clone()).collect();
@@ -206,7 +210,10 @@ pub async fn run_one(
     let theoretical = theory.rate();
     Ok(RunResult {
         workload: trace.name.clone(),
-        router: router.name().into(),
+        router: arm.name(),
+        replicas: arm.topology.replicas,
+        peer_sync: arm.topology.sync,
+        front: arm.topology.front,
         skipped: None,
         pods: e.sim.pods,
         requests: trace.requests(),
@@ -229,6 +236,7 @@ pub async fn run_one(
         peak_queue,
         pod_counters: counters,
         router_stats,
+        cost: Some(cost),
         ttft_cdf: cdf(&ttft_samples, 200),
     })
 }

@@ -4,8 +4,11 @@
 //! The binary (`main.rs`) is a thin CLI over these modules so the pure parts
 //! (trace generation, theoretical maximum, percentile math) are unit-testable.
 
+pub mod admin_stats;
 pub mod commands;
 pub mod experiment;
+pub mod gateway;
+pub mod gateway_cost;
 pub mod measure;
 pub mod overhead;
 pub mod plot;

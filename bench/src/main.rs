@@ -16,6 +16,9 @@ enum Command {
     Demo(commands::DemoArgs),
     /// Full comparison: every workload x every router, fresh pods for each run.
     Matrix(Box<commands::MatrixArgs>),
+    /// Gateway replicas (issue 11): one kvroute vs N replicas behind a round-robin front
+    /// Envoy, with and without peer sync, on pressure and chat; with their cost.
+    Replicas(Box<commands::ReplicasArgs>),
     /// Install what the bench needs beyond `./build.sh build` (sglang-router in .venv).
     Setup(commands::SetupArgs),
     /// In-proxy cost: Envoy with kvroute vs the same Envoy without the filter.
@@ -40,6 +43,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(a) => block_on(commands::demo(&a)),
         Command::Matrix(a) => block_on(commands::matrix(&a)),
+        Command::Replicas(a) => block_on(commands::replicas(&a)),
         Command::Setup(a) => commands::setup(&a),
         Command::Overhead(args) => kvroute_bench::overhead::run(&args),
     }

@@ -198,6 +198,9 @@ pub struct Tools {
     pub wasm: PathBuf,
     /// The project virtualenv's python (Envoy renderer, sglang-router).
     pub python: PathBuf,
+    /// Envoy (`$KVROUTE_ENVOY`, else the venv's, as `envoy/render.py` picks it): the
+    /// front Envoy of a replicated gateway.
+    pub envoy: PathBuf,
     /// Directory for this run's logs and rendered configs.
     pub logs: PathBuf,
 }
@@ -212,6 +215,9 @@ impl Tools {
             sim: root.join("target/release/kvroute-sim"),
             wasm: root.join("target/wasm32-wasip1/release/kvroute.wasm"),
             python: root.join(".venv/bin/python"),
+            envoy: std::env::var_os("KVROUTE_ENVOY")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join(".venv/bin/envoy")),
             logs,
         };
         for (p, what) in [

@@ -63,10 +63,59 @@ pub fn table(results: &[RunResult]) -> Table {
     t
 }
 
+/// The gateway-cost table of one workload's results: Envoy CPU per request (wall
+/// ms, the replicas together and the front Envoy), and with peer sync its traffic
+/// per peer, the lag of learned decisions and the sync counters.
+pub fn cost_table(results: &[RunResult]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "router",
+        "replicas CPU ms/req",
+        "front CPU ms/req",
+        "sync B/s per peer",
+        "lag p50",
+        "lag p99",
+        "learned",
+        "sync ok / failed",
+    ]);
+    for r in results {
+        let Some(c) = r.cost.as_ref().filter(|_| r.skipped.is_none()) else {
+            continue;
+        };
+        let stat = |k: &str| r.router_stats.get(k).copied().unwrap_or(0);
+        let sync = c.sync.as_ref();
+        let lag = sync.and_then(|s| s.lag_ms);
+        let dash = || "-".to_string();
+        let row = vec![
+            r.router.clone(),
+            format!("{:.2}", c.replicas_cpu_ms_per_request),
+            c.front_cpu_ms_per_request
+                .map_or_else(dash, |v| format!("{v:.2}")),
+            sync.map_or_else(dash, |s| format!("{:.0}", s.bytes_per_s_per_peer)),
+            lag.map_or_else(dash, |l| format!("{:.0} ms", l.p50)),
+            lag.map_or_else(dash, |l| format!("{:.0} ms", l.p99)),
+            sync.map_or_else(dash, |_| stat("peer.learned").to_string()),
+            sync.map_or_else(dash, |_| {
+                format!("{} / {}", stat("peer.sync_ok"), stat("peer.sync_failed"))
+            }),
+        ];
+        t.add_row(row.into_iter().enumerate().map(|(i, s)| {
+            let c = Cell::new(s);
+            if i == 0 {
+                c
+            } else {
+                c.set_alignment(CellAlignment::Right)
+            }
+        }));
+    }
+    t
+}
+
 /// A results file: what ran, on what, and every result.
 #[derive(Debug, Serialize)]
 pub struct ResultsFile<'a, S: Serialize> {
-    /// `demo` or `matrix`.
+    /// `demo`, `matrix` or `replicas`.
     pub command: &'a str,
     /// The command line.
     pub argv: Vec<String>,

@@ -88,24 +88,44 @@ impl RouterKind {
 pub struct RunningRouter {
     /// Base URL (`http://127.0.0.1:PORT`).
     pub url: String,
+    /// Listener port (the port of `url`).
+    pub port: u16,
     /// Envoy admin URL, for Envoy-based routers.
     pub admin: Option<String>,
+    /// Process id of the router (Envoy itself: `render.py --run` execs it).
+    pub pid: u32,
     _guard: ChildGuard,
 }
 
-/// Starts `kind` in front of `pods`.
+/// Which copy of a router this is, when several run side by side (replicas).
+#[derive(Debug, Clone, Default)]
+pub struct Instance {
+    /// Appended to the router's log and config file names (`-r0`, ...); empty alone.
+    pub suffix: String,
+    /// Extra `envoy/render.py` arguments (kvroute's peer sync: `--peer-listen`,
+    /// `--peers`); Envoy-based routers only.
+    pub render_args: Vec<String>,
+}
+
+/// Starts `instance` of `kind` in front of `pods` ([`Instance::default`]: the
+/// router alone; otherwise one replica of a gateway, see `crate::gateway`).
 pub async fn start(
     kind: RouterKind,
     pods: &[SocketAddr],
     tools: &Tools,
     envoy_workers: usize,
     kvroute_overrides: Option<&serde_json::Value>,
+    instance: &Instance,
 ) -> Result<RunningRouter> {
     let port = free_port()?;
     let url = format!("http://127.0.0.1:{port}");
-    let log = tools.logs.join(format!("{}.log", kind.name()));
+    let file_stem = format!("{}{}", kind.name(), instance.suffix);
+    let log = tools.logs.join(format!("{file_stem}.log"));
     let _ = std::fs::remove_file(&log);
     if kind.is_sglang() {
+        if !instance.render_args.is_empty() {
+            anyhow::bail!("{} takes no Envoy render arguments", kind.name());
+        }
         let policy = if kind == RouterKind::SglangCacheAware {
             "cache_aware"
         } else {
@@ -146,7 +166,9 @@ pub async fn start(
         .await?;
         return Ok(RunningRouter {
             url,
+            port,
             admin: None,
+            pid: guard.id(),
             _guard: guard,
         });
     }
@@ -178,12 +200,13 @@ pub async fn start(
             "warn",
         ])
         .arg("--wasm")
-        .arg(&tools.wasm);
+        .arg(&tools.wasm)
+        .args(&instance.render_args);
     if let Some(mut cfg) = kind.kvroute_config() {
         if let Some(o) = kvroute_overrides {
             merge_json(&mut cfg, o);
         }
-        let path = tools.logs.join(format!("{}.json", kind.name()));
+        let path = tools.logs.join(format!("{file_stem}.json"));
         std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)?;
         cmd.arg("--config").arg(&path);
     }
@@ -201,7 +224,9 @@ pub async fn start(
     }
     Ok(RunningRouter {
         url,
+        port,
         admin: Some(admin),
+        pid: guard.id(),
         _guard: guard,
     })
 }
