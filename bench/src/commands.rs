@@ -10,7 +10,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::experiment::{run_one, Experiment, RunResult};
-use crate::gateway::{peer_sync_available, Arm, Topology};
+use crate::gateway::{Arm, Topology};
 use crate::procs::{SimSettings, Tools};
 use crate::report::{cost_table, machine, table, write_json, ResultsFile};
 use crate::router_under_test::{ensure_sglang, RouterKind};
@@ -317,11 +317,10 @@ pub fn setup(a: &SetupArgs) -> Result<()> {
     Ok(())
 }
 
-/// What the rows of a comparison may need that can be missing: sglang-router, and
-/// kvroute's peer sync in `envoy/render.py`. Rows needing a missing one are skipped.
+/// What the rows of a comparison may need that can be missing: sglang-router. Rows
+/// needing it are skipped when it cannot be installed.
 struct Available {
     sglang: std::result::Result<(), String>,
-    peer_sync: std::result::Result<(), String>,
 }
 
 impl Available {
@@ -332,18 +331,12 @@ impl Available {
             } else {
                 Ok(())
             },
-            peer_sync: if arms.iter().any(|a| a.topology.sync) {
-                peer_sync_available(tools)
-            } else {
-                Ok(())
-            },
         }
     }
 
     fn missing_for(&self, arm: &Arm) -> Option<&String> {
-        match (&self.sglang, &self.peer_sync) {
-            (Err(why), _) if arm.router.is_sglang() => Some(why),
-            (_, Err(why)) if arm.topology.sync => Some(why),
+        match &self.sglang {
+            Err(why) if arm.router.is_sglang() => Some(why),
             _ => None,
         }
     }
@@ -458,7 +451,7 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
                 args: a,
                 kv_blocks_per_workload: kv.clone(),
                 sglang_router: sglang_note(&available.sglang),
-                peer_sync: availability_note(&available.peer_sync, &arms),
+                peer_sync: sync_note(&arms),
             },
             results: &all,
         };
@@ -481,9 +474,6 @@ pub async fn replicas(a: &ReplicasArgs) -> Result<()> {
     let tools = Tools::new(&a.fleet.root)?;
     let arms = a.arms();
     let available = Available::check(&arms, &tools);
-    if let Err(why) = &available.peer_sync {
-        eprintln!("kvroute-bench: sync rows skipped: {why}");
-    }
     let out_dir = a.fleet.out_dir();
     let t0 = Instant::now();
     let mut all = Vec::new();
@@ -515,7 +505,7 @@ pub async fn replicas(a: &ReplicasArgs) -> Result<()> {
                 args: a,
                 kv_blocks_per_workload: kv.clone(),
                 sglang_router: "not used".into(),
-                peer_sync: availability_note(&available.peer_sync, &arms),
+                peer_sync: sync_note(&arms),
             },
             results: &all,
         };
@@ -601,11 +591,12 @@ fn sglang_note(s: &std::result::Result<(), String>) -> String {
     }
 }
 
-fn availability_note(s: &std::result::Result<(), String>, arms: &[Arm]) -> String {
-    match s {
-        _ if !arms.iter().any(|a| a.topology.sync) => "not used".into(),
-        Ok(()) => "envoy/render.py --peer-listen/--peers".into(),
-        Err(e) => format!("unavailable: {e}"),
+/// How the rows' replicas sync, for the JSON settings.
+fn sync_note(arms: &[Arm]) -> String {
+    if arms.iter().any(|a| a.topology.sync) {
+        "envoy/render.py --peer-listen/--peers".into()
+    } else {
+        "not used".into()
     }
 }
 
@@ -670,7 +661,7 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
             args: a,
             kv_blocks_per_workload: vec![("chat".into(), a.kv_blocks)],
             sglang_router: "not used".into(),
-            peer_sync: availability_note(&available.peer_sync, &arms),
+            peer_sync: sync_note(&arms),
         },
         results: &results,
     };

@@ -132,21 +132,6 @@ pub fn peer_args(peer_ports: &[u16], i: usize) -> Vec<String> {
     ]
 }
 
-/// Whether `envoy/render.py` knows kvroute's peer flags (issue 11); why not otherwise.
-pub fn peer_sync_available(tools: &Tools) -> std::result::Result<(), String> {
-    let out = Command::new(&tools.python)
-        .arg(tools.root.join("envoy/render.py"))
-        .arg("--help")
-        .output()
-        .map_err(|e| format!("envoy/render.py --help did not run: {e}"))?;
-    let help = String::from_utf8_lossy(&out.stdout);
-    if help.contains("--peer-listen") && help.contains("--peers") {
-        Ok(())
-    } else {
-        Err("no peer sync in envoy/render.py (--peer-listen/--peers)".into())
-    }
-}
-
 /// Starts `arm` in front of `pods`: its replicas one after another (a replica whose
 /// peers are not up yet is what a rolling start looks like), then the front Envoy;
 /// with sync, waits (up to 5 s) until every replica hears from all its peers.

@@ -153,11 +153,7 @@ impl Router {
             // Replicas must agree on requests none of them knows yet; a lone
             // gateway rotates them instead (a hash spreads a few new
             // conversations less evenly than a rotation does).
-            affinity_key: self
-                .config
-                .peers
-                .as_ref()
-                .and(blocks.first().copied()),
+            affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
         };
         self.scheduler.pick(&facts, &candidates, rng)
     }
