@@ -56,6 +56,8 @@ pub struct RequestFilter {
     decided: bool,
     /// False once Envoy reported that the chosen endpoint did not answer.
     chosen_answered: bool,
+    /// The client asked for a stream (`"stream": true`).
+    stream: bool,
 }
 
 impl RequestFilter {
@@ -69,6 +71,7 @@ impl RequestFilter {
             body_bytes: 0,
             decided: false,
             chosen_answered: true,
+            stream: false,
         }
     }
 
@@ -92,7 +95,8 @@ impl RequestFilter {
             Some(r) => {
                 let header = self.state.borrow().config().destination_header.clone();
                 self.set_http_request_header(&header, Some(&r.header_value()));
-                if request.is_some_and(|q| q.stream) {
+                self.stream = request.is_some_and(|q| q.stream);
+                if self.stream {
                     self.set_http_request_header(STREAM_HEADER, Some("1"));
                 }
                 self.routed = Some(r);
@@ -151,6 +155,23 @@ impl RequestFilter {
         );
         for (i, (e, s)) in d.scores.iter().enumerate() {
             let _ = write!(v, "{}{}={:.3}", if i > 0 { "," } else { "" }, e, s);
+        }
+        // predicted_ttft: each candidate's prediction and its parts.
+        if !d.predictions.is_empty() {
+            v.push_str("; ttft=");
+            for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
+                let _ = write!(
+                    v,
+                    "{}{}={:.0}ms(overhead {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok)",
+                    if i > 0 { "," } else { "" },
+                    e,
+                    p.ttft_ms,
+                    p.overhead_ms,
+                    p.ahead_tokens,
+                    p.uncached_tokens,
+                    p.ms_per_token
+                );
+            }
         }
         Some(v)
     }
@@ -269,8 +290,8 @@ impl HttpContext for RequestFilter {
         if !self.tokens_released && self.chosen_answered {
             self.tokens_released = true;
             if let Some(r) = &self.routed {
-                let (endpoint, tokens, now) = (r.decision.endpoint, r.tokens, now_ms(self));
-                self.state.borrow_mut().first_chunk(endpoint, tokens, now);
+                let now = now_ms(self);
+                self.state.borrow_mut().first_chunk(r, self.stream, now);
             }
         }
         Action::Continue

@@ -35,6 +35,8 @@ pub struct Routed {
     pub total_blocks: usize,
     /// Next-best endpoints for Envoy's retries (override_host handoff).
     pub fallbacks: Vec<Endpoint>,
+    /// When it was routed (ms).
+    pub at_ms: u64,
 }
 
 impl Routed {
@@ -173,6 +175,9 @@ impl VmState {
         )?;
         let endpoint = decision.endpoint;
         let tokens = self.router.uncached_tokens(&decision, prompt_tokens);
+        if request.is_some() {
+            self.router.routed(tokens);
+        }
         self.router.learn(endpoint, blocks, now_ms);
         // Other workers only need decisions that teach the prefix index
         // (in-flight counts, which spread everything else, are shared anyway).
@@ -208,6 +213,7 @@ impl VmState {
             tokens,
             total_blocks: blocks.len(),
             fallbacks,
+            at_ms: now_ms,
         })
     }
 
@@ -226,10 +232,19 @@ impl VmState {
         self.stalled = stalled;
     }
 
-    /// The endpoint has started answering at `now_ms`: its prefill is done.
-    pub fn first_chunk(&mut self, endpoint: Endpoint, tokens: u64, now_ms: u64) {
+    /// The endpoint has started answering `routed` at `now_ms`: its prefill
+    /// is done. A stream's first chunk is its first token: with a TTFT
+    /// prediction, it teaches the model (a non-streaming answer's first
+    /// chunk comes with its last token and teaches nothing).
+    pub fn first_chunk(&mut self, routed: &Routed, stream: bool, now_ms: u64) {
+        let (endpoint, tokens) = (routed.decision.endpoint, routed.tokens);
         self.store
             .update_inflight(|t| t.first_chunk(endpoint, tokens, now_ms));
+        if let Some(p) = routed.decision.prediction().filter(|_| stream) {
+            let work = (p.ahead_tokens + p.uncached_tokens) as u64;
+            self.router
+                .first_byte(endpoint, work, now_ms.saturating_sub(routed.at_ms));
+        }
     }
 
     /// Envoy got no response byte from the chosen endpoint (connect failure,

@@ -30,6 +30,8 @@ pub enum RouterKind {
     KvroutePrefixOnly,
     /// kvroute ablation: load scorers only (prefix weight 0).
     KvrouteLoadOnly,
+    /// kvroute with `scheduling.profile: predicted_ttft` (issue 12).
+    KvrouteTtft,
     /// sglang-router `--policy cache_aware`.
     SglangCacheAware,
     /// sglang-router `--policy round_robin`.
@@ -38,10 +40,11 @@ pub enum RouterKind {
 
 impl RouterKind {
     /// Every router, in report order.
-    pub const ALL: [RouterKind; 7] = [
+    pub const ALL: [RouterKind; 8] = [
         RouterKind::EnvoyRoundRobin,
         RouterKind::EnvoyLeastRequest,
         RouterKind::Kvroute,
+        RouterKind::KvrouteTtft,
         RouterKind::KvroutePrefixOnly,
         RouterKind::KvrouteLoadOnly,
         RouterKind::SglangCacheAware,
@@ -56,6 +59,7 @@ impl RouterKind {
             RouterKind::Kvroute => "kvroute",
             RouterKind::KvroutePrefixOnly => "kvroute-prefix-only",
             RouterKind::KvrouteLoadOnly => "kvroute-load-only",
+            RouterKind::KvrouteTtft => "kvroute-ttft",
             RouterKind::SglangCacheAware => "sglang-cache-aware",
             RouterKind::SglangRoundRobin => "sglang-round-robin",
         }
@@ -78,6 +82,7 @@ impl RouterKind {
                 "weights": {"prefix": 3, "queue": 0, "kv_cache": 0, "inflight_requests": 0, "inflight_tokens": 0},
                 "gate_max_queue_excess": 1e9}})),
             RouterKind::KvrouteLoadOnly => Some(json!({"scheduling": {"weights": {"prefix": 0}}})),
+            RouterKind::KvrouteTtft => Some(json!({"scheduling": {"profile": "predicted_ttft"}})),
             _ => None,
         }
     }

@@ -282,6 +282,40 @@ pub enum Profile {
     /// Prefix-affinity filter with a load gate, then load scorers (the shape
     /// of llm-d's optimized-baseline profile).
     AffinityGate,
+    /// The lowest predicted time to first token for this request: prefill
+    /// work ahead of it plus its own uncached tokens, at rates learnt online
+    /// per endpoint (`predict/`).
+    PredictedTtft,
+}
+
+/// `scheduling.ttft.*`: the predicted-TTFT model's priors and learning
+/// (`predict/`). The priors hold until an endpoint has answered a few
+/// streaming requests.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TtftConfig {
+    /// Prior prefill time per uncached prompt token, in ms (0.1: 10k
+    /// tokens/s, a mid-size model on one GPU).
+    pub prior_ms_per_token: f64,
+    /// Prior fixed part of a first token (a decode step, network), in ms.
+    pub prior_overhead_ms: f64,
+    /// Weight of one new observation in the learnt rates once warmed up
+    /// (the first observations are averaged plainly).
+    pub learning_rate: f64,
+    /// Work (tokens ahead plus uncached) up to which an observation teaches
+    /// the fixed overhead; above it, the per-token time.
+    pub overhead_work_tokens: u64,
+}
+
+impl Default for TtftConfig {
+    fn default() -> Self {
+        TtftConfig {
+            prior_ms_per_token: 0.1,
+            prior_overhead_ms: 20.0,
+            learning_rate: 0.1,
+            overhead_work_tokens: 256,
+        }
+    }
 }
 
 /// Scorer weights. A weight of 0 disables the scorer.
@@ -351,6 +385,8 @@ pub struct SchedulingConfig {
     /// fraction of the total weight of the best score count as equal, and
     /// the least recently picked of them wins.
     pub cold_margin: f64,
+    /// The predicted-TTFT model (`profile: predicted_ttft`).
+    pub ttft: TtftConfig,
 }
 
 impl Default for SchedulingConfig {
@@ -366,6 +402,7 @@ impl Default for SchedulingConfig {
             min_range_inflight: 8.0,
             min_range_tokens: 4096.0,
             cold_margin: 0.05,
+            ttft: TtftConfig::default(),
         }
     }
 }
@@ -792,10 +829,35 @@ impl Config {
             ("scheduling.min_range_inflight", s.min_range_inflight, 1e6),
             ("scheduling.min_range_tokens", s.min_range_tokens, 1e9),
             ("scheduling.cold_margin", s.cold_margin, 1.0),
+            (
+                "scheduling.ttft.prior_ms_per_token",
+                s.ttft.prior_ms_per_token,
+                1e3,
+            ),
+            (
+                "scheduling.ttft.prior_overhead_ms",
+                s.ttft.prior_overhead_ms,
+                6e4,
+            ),
+            ("scheduling.ttft.learning_rate", s.ttft.learning_rate, 1.0),
         ] {
             if !(v.is_finite() && (0.0..=max).contains(&v)) {
                 return Err(err(name, v, &format!("must be a number in 0..={max}")));
             }
+        }
+        if s.ttft.prior_ms_per_token <= 0.0 || s.ttft.learning_rate <= 0.0 {
+            return Err(err(
+                "scheduling.ttft",
+                format!("{:?}", s.ttft),
+                "prior_ms_per_token and learning_rate must be > 0",
+            ));
+        }
+        if s.ttft.overhead_work_tokens > 1_000_000 {
+            return Err(err(
+                "scheduling.ttft.overhead_work_tokens",
+                s.ttft.overhead_work_tokens,
+                "must be 0..=1000000",
+            ));
         }
         let o = &self.outlier_detection;
         if o.consecutive_errors > 1000 {

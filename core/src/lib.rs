@@ -35,3 +35,4 @@ pub mod router;
 pub mod scheduler;
 pub mod shared;
 pub mod stall;
+pub mod ttft;

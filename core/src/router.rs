@@ -7,14 +7,16 @@
 //! the pick that teaches the prefix index (and is replayed on other workers
 //! from the shared decision log).
 
-use crate::config::Config;
+use crate::config::{Config, Profile};
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
+use crate::metrics::MetricsSnapshot;
 use crate::outlier::OutlierTable;
 use crate::prefix::PrefixIndex;
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::EndpointStates;
 use crate::stall;
+use crate::ttft::TtftModel;
 use hashbrown::HashMap;
 
 /// Pool, prefix index and scheduler of one VM.
@@ -26,6 +28,7 @@ pub struct Router {
     pool: Vec<Endpoint>,
     last_picked: HashMap<Endpoint, u64>,
     capacity: HashMap<Endpoint, usize>,
+    ttft: TtftModel,
 }
 
 impl Router {
@@ -37,6 +40,7 @@ impl Router {
             pool: Vec::new(),
             last_picked: HashMap::new(),
             capacity: HashMap::new(),
+            ttft: TtftModel::new(&config.scheduling.ttft),
             config,
         };
         router.set_pool(router.config.endpoints.clone());
@@ -68,6 +72,7 @@ impl Router {
         self.index.retain(&pool);
         self.last_picked.retain(|e, _| pool.contains(e));
         self.capacity.retain(|e, _| pool.contains(e));
+        self.ttft.retain(&pool);
         self.pool = pool;
     }
 
@@ -127,23 +132,38 @@ impl Router {
         };
         let metrics = &self.config.metrics;
         let stalled = self.stalled(states, &inflight, now_ms);
+        let predicted = self.config.scheduling.profile == Profile::PredictedTtft;
+        let block_tokens = self.config.prefix.block_tokens as u64;
         let candidates: Vec<Candidate> = self
             .pool
             .iter()
             .map(|&endpoint| {
                 let state = states.get(endpoint);
+                let snapshot = state.fresh(now_ms, metrics.stale_after_ms);
+                let matched_blocks = matches
+                    .iter()
+                    .find(|(e, _)| *e == endpoint)
+                    .map_or(0, |(_, n)| *n);
+                let inflight = inflight(endpoint);
+                let prediction = predicted.then(|| {
+                    let uncached =
+                        prompt_tokens.saturating_sub(matched_blocks as u64 * block_tokens);
+                    self.ttft.predict(
+                        &endpoint,
+                        self.ahead_tokens(snapshot, inflight),
+                        uncached as f64,
+                    )
+                });
                 Candidate {
                     endpoint,
-                    snapshot: state.fresh(now_ms, metrics.stale_after_ms),
+                    snapshot,
                     healthy: state.healthy(metrics.unhealthy_after_failures)
                         && !outliers.ejected(endpoint, now_ms)
                         && !stalled.contains(&endpoint),
-                    matched_blocks: matches
-                        .iter()
-                        .find(|(e, _)| *e == endpoint)
-                        .map_or(0, |(_, n)| *n),
-                    inflight: inflight(endpoint),
+                    matched_blocks,
+                    inflight,
                     last_picked_ms: self.last_picked.get(&endpoint).copied(),
+                    prediction,
                 }
             })
             .collect();
@@ -169,6 +189,29 @@ impl Router {
             .collect();
         others.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         others.into_iter().take(n).map(|(e, _)| e).collect()
+    }
+
+    /// Prefill work ahead of a new request on an endpoint (`ttft.rs`):
+    /// kvroute's in-flight uncached tokens there, plus requests its fresh
+    /// snapshot shows queued beyond kvroute's own, at the mean request size.
+    fn ahead_tokens(&self, snapshot: Option<MetricsSnapshot>, inflight: InFlight) -> f64 {
+        let foreign = snapshot.map_or(0.0, |s| (s.waiting - f64::from(inflight.waiting)).max(0.0));
+        inflight.tokens as f64 + foreign * self.ttft.mean_uncached_tokens()
+    }
+
+    /// A request was routed with `uncached` tokens to prefill (the mean
+    /// request size of the TTFT model).
+    pub fn routed(&mut self, uncached: u64) {
+        self.ttft.routed(uncached);
+    }
+
+    /// `endpoint` sent the first byte of a streaming response `ttft_ms`
+    /// after routing; the request had `work_tokens` of prefill to wait for
+    /// (the prediction's ahead + uncached). Teaches the TTFT model.
+    pub fn first_byte(&mut self, endpoint: Endpoint, work_tokens: u64, ttft_ms: u64) {
+        if self.pool.contains(&endpoint) {
+            self.ttft.observe(endpoint, work_tokens, ttft_ms);
+        }
     }
 
     /// Prompt tokens the chosen endpoint is expected to prefill (not cached).
@@ -389,6 +432,7 @@ mod tests {
             reason: Reason::Load,
             matched_blocks: 0,
             scores: vec![(ep(1), 1.0), (ep(2), 5.0), (ep(3), 3.0), (ep(4), 2.0)],
+            predictions: Vec::new(),
         };
         assert_eq!(Router::fallbacks(&d, 2), vec![ep(3), ep(4)]);
         assert_eq!(Router::fallbacks(&d, 9).len(), 3);
@@ -413,5 +457,170 @@ mod tests {
                 &mut rng
             )
             .is_none());
+    }
+
+    fn ttft_router(n: u8) -> Router {
+        let mut c = Config {
+            endpoints: (1..=n).map(ep).collect(),
+            ..Config::default()
+        };
+        c.scheduling.profile = Profile::PredictedTtft;
+        c.scheduling.seed = Some(1);
+        Router::new(c)
+    }
+
+    fn work(tokens: u64) -> InFlight {
+        InFlight {
+            requests: 1,
+            tokens,
+            waiting: 1,
+            progress_ms: 0,
+        }
+    }
+
+    #[test]
+    fn ttft_keeps_a_long_prefix_on_a_busy_holder_until_its_queue_costs_more() {
+        let mut r = ttft_router(2);
+        let mut rng = fastrand::Rng::with_seed(1);
+        let states = idle_states(&r, 0);
+        let doc: Vec<u64> = (1..=600).collect(); // 38 400 tokens
+        r.learn(ep(1), &doc[..590], 0);
+        let decide = |r: &Router, ahead: u64, rng: &mut fastrand::Rng| {
+            r.decide(
+                &doc,
+                38_400,
+                &states,
+                &OutlierTable::default(),
+                |e| {
+                    if e == ep(1) {
+                        work(ahead)
+                    } else {
+                        InFlight::default()
+                    }
+                },
+                1,
+                rng,
+            )
+            .unwrap()
+        };
+        // 640 uncached tokens there vs 38 400 on the idle pod: a busy holder
+        // (10k tokens queued) still wins, and says why.
+        let d = decide(&r, 10_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        let p = d.prediction().unwrap();
+        assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
+        assert_eq!(d.predictions.len(), 2);
+        // Once its queue is worth more than prefilling the whole document
+        // elsewhere, the request goes elsewhere (affinity broken by cost).
+        let d = decide(&r, 40_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
+    }
+
+    #[test]
+    fn ttft_gives_a_hot_prefix_more_holders_then_balances_them() {
+        let mut r = ttft_router(4);
+        let mut rng = fastrand::Rng::with_seed(2);
+        let states = idle_states(&r, 0);
+        let system: Vec<u64> = (1..=64).collect(); // a 4096-token shared prompt
+        let mut load: HashMap<Endpoint, u64> = HashMap::new();
+        let mut holders: Vec<Endpoint> = Vec::new();
+        let mut per_holder: HashMap<Endpoint, usize> = HashMap::new();
+        // 40 requests of a hot group arrive faster than they are served:
+        // every routed request stays in flight (its uncached tokens ahead).
+        for i in 0..40u64 {
+            let mut blocks = system.clone();
+            blocks.push(10_000 + i);
+            let d = r
+                .decide(
+                    &blocks,
+                    4_160,
+                    &states,
+                    &OutlierTable::default(),
+                    |e| work(load.get(&e).copied().unwrap_or(0)),
+                    i,
+                    &mut rng,
+                )
+                .unwrap();
+            let uncached = r.uncached_tokens(&d, 4_160);
+            *load.entry(d.endpoint).or_default() += uncached;
+            r.learn(d.endpoint, &blocks, i);
+            if !holders.contains(&d.endpoint) {
+                holders.push(d.endpoint);
+            }
+            *per_holder.entry(d.endpoint).or_default() += 1;
+        }
+        // The first holder's queue grew past the cost of prefilling the
+        // prompt elsewhere: the prefix gained holders, and the load spread.
+        assert!(holders.len() >= 2, "{holders:?}");
+        let max = per_holder.values().max().unwrap();
+        assert!(*max <= 40 * 3 / 4, "{per_holder:?}");
+        // Most requests still hit a holder (only the first per holder missed).
+        assert!(load.values().sum::<u64>() < 40 * 4_160 / 4, "{load:?}");
+    }
+
+    #[test]
+    fn ttft_spreads_a_no_reuse_stream_like_least_loaded() {
+        let r = ttft_router(4);
+        let mut rng = fastrand::Rng::with_seed(3);
+        let states = idle_states(&r, 0);
+        let mut load: HashMap<Endpoint, u64> = HashMap::new();
+        for i in 0..40u64 {
+            let blocks: Vec<u64> = (0..16).map(|b| i * 1_000 + b).collect();
+            let least = r
+                .pool()
+                .iter()
+                .map(|e| load.get(e).copied().unwrap_or(0))
+                .min()
+                .unwrap();
+            let d = r
+                .decide(
+                    &blocks,
+                    1_024,
+                    &states,
+                    &OutlierTable::default(),
+                    |e| work(load.get(&e).copied().unwrap_or(0)),
+                    i,
+                    &mut rng,
+                )
+                .unwrap();
+            assert_eq!(d.reason, Reason::Cold);
+            assert_eq!(
+                load.get(&d.endpoint).copied().unwrap_or(0),
+                least,
+                "request {i}"
+            );
+            *load.entry(d.endpoint).or_default() += 1_024;
+        }
+        assert!(load.values().all(|&t| t == 10 * 1_024), "{load:?}");
+    }
+
+    #[test]
+    fn ttft_learns_a_slow_endpoint_and_sends_it_less() {
+        let mut r = ttft_router(2);
+        let mut rng = fastrand::Rng::with_seed(4);
+        let states = idle_states(&r, 0);
+        // Endpoint 1 answers ten times slower per token.
+        for _ in 0..20 {
+            r.first_byte(ep(1), 4_000, 20 + 4_000);
+            r.first_byte(ep(2), 4_000, 20 + 400);
+        }
+        // A request with equal work ahead everywhere goes to the fast one,
+        // and keeps going there until its queue is ten times longer.
+        let decide = |ahead1: u64, ahead2: u64, rng: &mut fastrand::Rng| {
+            r.decide(
+                &[1, 2, 3],
+                192,
+                &states,
+                &OutlierTable::default(),
+                |e| work(if e == ep(1) { ahead1 } else { ahead2 }),
+                1,
+                rng,
+            )
+            .unwrap()
+            .endpoint
+        };
+        assert_eq!(decide(1_000, 1_000, &mut rng), ep(2));
+        assert_eq!(decide(1_000, 8_000, &mut rng), ep(2));
+        assert_eq!(decide(1_000, 12_000, &mut rng), ep(1));
     }
 }

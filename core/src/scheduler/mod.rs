@@ -62,6 +62,7 @@ use crate::config::SchedulingConfig;
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
 use crate::metrics::MetricsSnapshot;
+use crate::ttft::Prediction;
 use plugin::{Context, Note};
 
 /// One endpoint as the scheduler sees it for one request.
@@ -79,6 +80,8 @@ pub struct Candidate {
     pub inflight: InFlight,
     /// When kvroute last picked this endpoint (ms), if ever.
     pub last_picked_ms: Option<u64>,
+    /// Predicted TTFT of the request here (`predicted_ttft` profile only).
+    pub prediction: Option<Prediction>,
 }
 
 /// What the scheduler needs to know of the request itself.
@@ -131,8 +134,20 @@ pub struct Decision {
     /// Leading blocks the chosen endpoint holds.
     pub matched_blocks: usize,
     /// Final weighted score of each scored candidate (those that passed the
-    /// filters), in candidate order.
+    /// filters), in candidate order; with `predicted_ttft`, minus the
+    /// predicted TTFT in ms.
     pub scores: Vec<(Endpoint, f64)>,
+    /// Each scored candidate's predicted TTFT, in the order of `scores`
+    /// (`predicted_ttft` profile only; empty otherwise).
+    pub predictions: Vec<Prediction>,
+}
+
+impl Decision {
+    /// The chosen endpoint's predicted TTFT, if one was made.
+    pub fn prediction(&self) -> Option<Prediction> {
+        let i = self.scores.iter().position(|(e, _)| *e == self.endpoint)?;
+        self.predictions.get(i).copied()
+    }
 }
 
 /// Runs a scheduling profile.
@@ -182,7 +197,16 @@ impl Scheduler {
             }
         }
 
-        let total = self.score(&ctx, &kept);
+        let predicted = self.config.profile == crate::config::Profile::PredictedTtft;
+        let total = if predicted {
+            // Lower predicted TTFT is better; an endpoint without a
+            // prediction (none was made) comes last.
+            kept.iter()
+                .map(|&i| candidates[i].prediction.map_or(f64::MIN, |p| -p.ttft_ms))
+                .collect()
+        } else {
+            self.score(&ctx, &kept)
+        };
         // Cold: no live endpoint holds a prefix (not merely none that passed
         // the load filters: a hot sticky endpoint dropped by a filter makes
         // a load decision, not a cold one).
@@ -199,7 +223,14 @@ impl Scheduler {
             .filter(|x| x.is_finite() && *x > 0.0)
             .sum::<f64>();
         let last: Vec<Option<u64>> = kept.iter().map(|&i| candidates[i].last_picked_ms).collect();
-        let margin = cold.then_some(self.config.cold_margin * weight_sum);
+        // The cold margin is a share of the total weight, or with predicted
+        // TTFT a share of the best prediction.
+        let unit = if predicted {
+            total.iter().copied().fold(f64::MIN, f64::max).abs()
+        } else {
+            weight_sum
+        };
+        let margin = cold.then_some(self.config.cold_margin * unit);
         let rank: Option<Vec<u64>> = req.affinity_key.map(|key| {
             kept.iter()
                 .map(|&i| picker::rendezvous(key, &candidates[i].endpoint))
@@ -234,6 +265,10 @@ impl Scheduler {
                 .iter()
                 .zip(&total)
                 .map(|(&i, &s)| (candidates[i].endpoint, s))
+                .collect(),
+            predictions: kept
+                .iter()
+                .filter_map(|&i| candidates[i].prediction)
                 .collect(),
         })
     }
@@ -278,6 +313,7 @@ pub(crate) mod test_support {
             matched_blocks: 0,
             inflight: InFlight::default(),
             last_picked_ms: None,
+            prediction: None,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! |---|---|---|---|
 //! | `weighted` (default) | health, overload | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1) | max score; cold: least recently picked |
 //! | `affinity_gate` | health, affinity gate | queue, kv_cache, inflight_requests, inflight_tokens | same |
+//! | `predicted_ttft` | health | none: lowest predicted TTFT (`ttft.rs`) | min TTFT; cold: within `cold_margin` of the best, least recently picked |
 //!
 //! `weighted` is llm-d's default scorer profile (prefix 3 / queue 2 /
 //! kv-cache 2) plus kvroute's in-flight scorers, behind an overload filter
@@ -61,11 +62,20 @@ static AFFINITY_GATE: ProfileSpec = ProfileSpec {
     ],
 };
 
+/// Only the health filter: the predicted TTFT itself trades cache against
+/// load (`ttft.rs`; the scheduler ranks by it, no scorer runs).
+static PREDICTED_TTFT: ProfileSpec = ProfileSpec {
+    name: "predicted_ttft",
+    filters: &[&HealthFilter],
+    scorers: &[],
+};
+
 /// The plugins of a profile.
 pub fn spec(profile: Profile) -> &'static ProfileSpec {
     match profile {
         Profile::Weighted => &WEIGHTED,
         Profile::AffinityGate => &AFFINITY_GATE,
+        Profile::PredictedTtft => &PREDICTED_TTFT,
     }
 }
 

@@ -1,0 +1,306 @@
+//! The predicted time to first token (TTFT) of a request on each endpoint,
+//! with rates learnt online from what the filter sees (`scheduling.profile:
+//! predicted_ttft`).
+//!
+//! ## The model
+//!
+//! An engine prefills the uncached prompt tokens it was sent, roughly in
+//! arrival order and at a rate that its decode load slows down. For request
+//! `r` on endpoint `e`:
+//!
+//! ```text
+//! ahead(e)    = kvroute's in-flight uncached tokens on e (all workers, all replicas)
+//!             + max(0, engine waiting - kvroute's waiting on e) x mean uncached tokens
+//! uncached(e) = prompt tokens - tokens of r's prefix e holds
+//! TTFT(e)     = overhead(e) + (ahead(e) + uncached(e)) x ms_per_token(e)
+//! ```
+//!
+//! The second `ahead` term counts requests the engine queues that kvroute
+//! did not send (other gateways, other clients), at the mean size kvroute
+//! sees; it is used only while the endpoint's snapshot is fresh.
+//!
+//! ## Learning
+//!
+//! Each streaming request that gets a first byte from its chosen endpoint
+//! is one observation: `work` = its `ahead + uncached` at routing time,
+//! `ttft` = routing to first response byte. Observations with little work
+//! (`<= scheduling.ttft.overhead_work_tokens`) teach `overhead`; the others
+//! teach `ms_per_token = (ttft - overhead) / work`. Each rate is a mean in
+//! log space (robust to the heavy right tail of queueing) whose weight is
+//! `1/n` for the first observations and then `scheduling.ttft.learning_rate`,
+//! and a single observation moves it at most ×4 or ÷4 (an outlier such as a
+//! request that waited behind a stall cannot ruin it). Decode load enters
+//! through the rates: an endpoint busy decoding answers later and is
+//! learnt slower. Memory: two numbers per endpoint (removed with it). No
+//! clock is read here: the shell passes the times. A restarted VM starts
+//! from the configured priors and relearns within a few requests.
+
+use crate::config::TtftConfig;
+use crate::endpoint::Endpoint;
+use hashbrown::HashMap;
+
+/// Observations after which a rate moves by `learning_rate`, not `1/n`.
+const WARM_UP: u32 = 8;
+/// Largest factor one observation can move a rate by.
+const MAX_STEP: f64 = 4.0;
+
+/// A rate learnt in log space.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct LogMean {
+    ln: f64,
+    n: u32,
+}
+
+impl LogMean {
+    fn new(prior: f64) -> Self {
+        LogMean {
+            ln: prior.max(1e-9).ln(),
+            n: 0,
+        }
+    }
+
+    fn value(&self) -> f64 {
+        self.ln.exp()
+    }
+
+    fn observe(&mut self, x: f64, learning_rate: f64) {
+        if !x.is_finite() {
+            return;
+        }
+        let step = x.max(1e-9).ln() - self.ln;
+        let step = step.clamp(-MAX_STEP.ln(), MAX_STEP.ln());
+        self.n = self.n.saturating_add(1);
+        let w = if self.n <= WARM_UP {
+            1.0 / f64::from(self.n)
+        } else {
+            learning_rate
+        };
+        self.ln += w * step;
+    }
+}
+
+/// What an endpoint has been learnt to be.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rates {
+    /// Fixed part of a first token, ms.
+    pub overhead_ms: f64,
+    /// Prefill time per token of work, ms.
+    pub ms_per_token: f64,
+    /// Observations taken.
+    pub observations: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Learnt {
+    overhead: LogMean,
+    per_token: LogMean,
+}
+
+/// One endpoint's predicted TTFT for one request, with its parts.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Prediction {
+    /// The prediction, ms.
+    pub ttft_ms: f64,
+    /// Tokens of prefill ahead of the request.
+    pub ahead_tokens: f64,
+    /// The request's own uncached tokens there.
+    pub uncached_tokens: f64,
+    /// The endpoint's learnt prefill time per token, ms.
+    pub ms_per_token: f64,
+    /// The endpoint's learnt fixed part, ms.
+    pub overhead_ms: f64,
+}
+
+/// Learnt rates of every endpoint, and the mean request size.
+#[derive(Clone, Debug)]
+pub struct TtftModel {
+    config: TtftConfig,
+    learnt: HashMap<Endpoint, Learnt>,
+    /// Mean uncached tokens of a routed request (for queued requests
+    /// kvroute did not send).
+    mean_uncached: LogMean,
+}
+
+impl TtftModel {
+    /// A model at the configured priors.
+    pub fn new(config: &TtftConfig) -> Self {
+        TtftModel {
+            config: config.clone(),
+            learnt: HashMap::new(),
+            mean_uncached: LogMean::new(512.0),
+        }
+    }
+
+    fn prior(&self) -> Learnt {
+        Learnt {
+            overhead: LogMean::new(self.config.prior_overhead_ms.max(0.01)),
+            per_token: LogMean::new(self.config.prior_ms_per_token),
+        }
+    }
+
+    /// The rates of `endpoint` (the priors until it is observed).
+    pub fn rates(&self, endpoint: &Endpoint) -> Rates {
+        let l = self
+            .learnt
+            .get(endpoint)
+            .copied()
+            .unwrap_or_else(|| self.prior());
+        Rates {
+            overhead_ms: l.overhead.value(),
+            ms_per_token: l.per_token.value(),
+            observations: l.overhead.n.saturating_add(l.per_token.n),
+        }
+    }
+
+    /// Mean uncached tokens of the requests routed so far.
+    pub fn mean_uncached_tokens(&self) -> f64 {
+        self.mean_uncached.value()
+    }
+
+    /// A request with `uncached` tokens was routed (feeds the mean size).
+    pub fn routed(&mut self, uncached: u64) {
+        self.mean_uncached
+            .observe(uncached.max(1) as f64, self.config.learning_rate);
+    }
+
+    /// `endpoint` answered its first byte `ttft_ms` after routing, for a
+    /// request that had `work_tokens` (ahead + uncached) to wait for.
+    pub fn observe(&mut self, endpoint: Endpoint, work_tokens: u64, ttft_ms: u64) {
+        let prior = self.prior();
+        let lr = self.config.learning_rate;
+        let small = self.config.overhead_work_tokens;
+        let l = self.learnt.entry(endpoint).or_insert(prior);
+        let ttft = ttft_ms as f64;
+        if work_tokens <= small {
+            l.overhead.observe(ttft.max(0.01), lr);
+        } else {
+            // The part past the fixed overhead, never below a tenth of the
+            // observation (an overhead learnt too high must not zero it).
+            let prefill = (ttft - l.overhead.value()).max(ttft * 0.1);
+            l.per_token.observe(prefill / work_tokens as f64, lr);
+        }
+    }
+
+    /// Forgets endpoints that left the pool.
+    pub fn retain(&mut self, pool: &[Endpoint]) {
+        self.learnt.retain(|e, _| pool.contains(e));
+    }
+
+    /// The prediction for `endpoint` with `ahead` tokens of prefill before
+    /// this request's `uncached` ones.
+    pub fn predict(&self, endpoint: &Endpoint, ahead: f64, uncached: f64) -> Prediction {
+        let r = self.rates(endpoint);
+        let ahead = ahead.max(0.0);
+        let uncached = uncached.max(0.0);
+        Prediction {
+            ttft_ms: r.overhead_ms + (ahead + uncached) * r.ms_per_token,
+            ahead_tokens: ahead,
+            uncached_tokens: uncached,
+            ms_per_token: r.ms_per_token,
+            overhead_ms: r.overhead_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn ep(i: u8) -> Endpoint {
+        format!("10.0.0.{i}:8000").parse().unwrap()
+    }
+
+    fn model() -> TtftModel {
+        TtftModel::new(&TtftConfig::default())
+    }
+
+    #[test]
+    fn unobserved_endpoints_use_the_priors() {
+        let m = model();
+        let p = m.predict(&ep(1), 1000.0, 500.0);
+        assert!((p.ttft_ms - (20.0 + 1500.0 * 0.1)).abs() < 1e-6, "{p:?}");
+        assert_eq!(m.rates(&ep(1)).observations, 0);
+    }
+
+    #[test]
+    fn learns_an_endpoints_rates_and_keeps_them_apart() {
+        let mut m = model();
+        // Endpoint 1: 5 ms overhead, 0.02 ms/token; endpoint 2 five times slower.
+        for i in 0..50u64 {
+            let work = 1_000 + 100 * (i % 7);
+            m.observe(ep(1), 10, 5);
+            m.observe(ep(1), work, 5 + work / 50);
+            m.observe(ep(2), 10, 5);
+            m.observe(ep(2), work, 5 + work / 10);
+        }
+        let (a, b) = (m.rates(&ep(1)), m.rates(&ep(2)));
+        assert!((a.overhead_ms - 5.0).abs() < 0.5, "{a:?}");
+        assert!((a.ms_per_token - 0.02).abs() < 0.004, "{a:?}");
+        assert!((b.ms_per_token - 0.1).abs() < 0.02, "{b:?}");
+        assert!(
+            m.predict(&ep(2), 0.0, 4000.0).ttft_ms > 4.0 * m.predict(&ep(1), 0.0, 4000.0).ttft_ms
+        );
+    }
+
+    #[test]
+    fn one_outlier_moves_a_rate_at_most_fourfold_and_is_forgotten() {
+        let mut m = model();
+        for _ in 0..40 {
+            m.observe(ep(1), 2_000, 20 + 40);
+        }
+        let before = m.rates(&ep(1)).ms_per_token;
+        m.observe(ep(1), 2_000, 600_000); // ten minutes behind a stall
+        let hit = m.rates(&ep(1)).ms_per_token;
+        assert!(
+            hit <= before * MAX_STEP.powf(0.1) + 1e-12,
+            "{before} -> {hit}"
+        );
+        for _ in 0..40 {
+            m.observe(ep(1), 2_000, 20 + 40);
+        }
+        let after = m.rates(&ep(1)).ms_per_token;
+        assert!((after / before - 1.0).abs() < 0.05, "{before} -> {after}");
+    }
+
+    #[test]
+    fn adapts_when_an_endpoint_slows_down() {
+        let mut m = model();
+        for _ in 0..40 {
+            m.observe(ep(1), 2_000, 20 + 40);
+        }
+        for _ in 0..40 {
+            m.observe(ep(1), 2_000, 20 + 400);
+        }
+        let r = m.rates(&ep(1)).ms_per_token;
+        assert!((r - 0.2).abs() < 0.03, "{r}");
+    }
+
+    #[test]
+    fn a_restart_and_removed_endpoints_go_back_to_the_priors() {
+        let mut m = model();
+        for _ in 0..20 {
+            m.observe(ep(1), 2_000, 1_000);
+        }
+        assert!(m.rates(&ep(1)).ms_per_token > 0.3);
+        m.retain(&[ep(2)]);
+        assert_eq!(m.rates(&ep(1)), model().rates(&ep(1)));
+        let fresh = model();
+        assert_eq!(fresh.rates(&ep(1)).ms_per_token, 0.1);
+    }
+
+    #[test]
+    fn garbage_observations_do_not_poison() {
+        let mut m = model();
+        m.observe(ep(1), u64::MAX, u64::MAX);
+        m.observe(ep(1), 0, 0);
+        m.observe(ep(1), 1_000, 0);
+        let r = m.rates(&ep(1));
+        assert!(r.ms_per_token.is_finite() && r.ms_per_token > 0.0, "{r:?}");
+        assert!(r.overhead_ms.is_finite() && r.overhead_ms > 0.0, "{r:?}");
+        m.routed(0);
+        m.routed(u64::MAX);
+        assert!(m.mean_uncached_tokens().is_finite());
+    }
+}
