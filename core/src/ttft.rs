@@ -43,6 +43,10 @@ use hashbrown::HashMap;
 const WARM_UP: u32 = 8;
 /// Largest factor one observation can move a rate by.
 const MAX_STEP: f64 = 4.0;
+/// Fleet observations after which an endpoint not observed since counts
+/// as the fleet average again (so one learnt slow, and since avoided, is
+/// tried again rather than shunned forever on stale data).
+const STALE_AFTER: u64 = 256;
 
 /// A rate learnt in log space.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -68,7 +72,13 @@ impl LogMean {
             return;
         }
         let step = x.max(1e-9).ln() - self.ln;
-        let step = step.clamp(-MAX_STEP.ln(), MAX_STEP.ln());
+        // The first observation replaces the prior (a guess); later ones
+        // move the mean at most MAX_STEP-fold.
+        let step = if self.n == 0 {
+            step
+        } else {
+            step.clamp(-MAX_STEP.ln(), MAX_STEP.ln())
+        };
         self.n = self.n.saturating_add(1);
         let w = if self.n <= WARM_UP {
             1.0 / f64::from(self.n)
@@ -94,6 +104,8 @@ pub struct Rates {
 struct Learnt {
     overhead: LogMean,
     per_token: LogMean,
+    /// The fleet's observation count when this endpoint was last observed.
+    seen_at: u64,
 }
 
 /// One endpoint's predicted TTFT for one request, with its parts.
@@ -116,6 +128,11 @@ pub struct Prediction {
 pub struct TtftModel {
     config: TtftConfig,
     learnt: HashMap<Endpoint, Learnt>,
+    /// Mean (log space) of the observed endpoints' rates: what an endpoint
+    /// not observed yet is assumed to be (the priors while none is).
+    fleet: Learnt,
+    /// Observations taken, all endpoints together.
+    observations: u64,
     /// Mean uncached tokens of a routed request (for queued requests
     /// kvroute did not send).
     mean_uncached: LogMean,
@@ -125,31 +142,76 @@ impl TtftModel {
     /// A model at the configured priors.
     pub fn new(config: &TtftConfig) -> Self {
         TtftModel {
+            fleet: Self::prior(config),
             config: config.clone(),
             learnt: HashMap::new(),
+            observations: 0,
             mean_uncached: LogMean::new(512.0),
         }
     }
 
-    fn prior(&self) -> Learnt {
+    fn prior(config: &TtftConfig) -> Learnt {
         Learnt {
-            overhead: LogMean::new(self.config.prior_overhead_ms.max(0.01)),
-            per_token: LogMean::new(self.config.prior_ms_per_token),
+            overhead: LogMean::new(config.prior_overhead_ms.max(0.01)),
+            per_token: LogMean::new(config.prior_ms_per_token),
+            seen_at: 0,
         }
     }
 
-    /// The rates of `endpoint` (the priors until it is observed).
+    /// The rates of `endpoint`. A rate not observed there yet is the
+    /// fleet's (the mean of the endpoints observed), so a new endpoint is
+    /// assumed average, neither shunned nor flooded; the configured priors
+    /// hold until some endpoint is observed. An endpoint not observed for a
+    /// while (others were, [`STALE_AFTER`] times) drifts back to the fleet's
+    /// rates: one learnt slow and since avoided gets tried again.
     pub fn rates(&self, endpoint: &Endpoint) -> Rates {
-        let l = self
-            .learnt
-            .get(endpoint)
-            .copied()
-            .unwrap_or_else(|| self.prior());
+        let Some(l) = self.learnt.get(endpoint) else {
+            return Rates {
+                overhead_ms: self.fleet.overhead.value(),
+                ms_per_token: self.fleet.per_token.value(),
+                observations: 0,
+            };
+        };
+        let stale = self.observations.saturating_sub(l.seen_at) as f64 / STALE_AFTER as f64;
+        let w = stale.min(1.0);
+        let blend = |own: LogMean, fleet: LogMean| {
+            if own.n == 0 {
+                fleet.value()
+            } else {
+                (own.ln * (1.0 - w) + fleet.ln * w).exp()
+            }
+        };
         Rates {
-            overhead_ms: l.overhead.value(),
-            ms_per_token: l.per_token.value(),
+            overhead_ms: blend(l.overhead, self.fleet.overhead),
+            ms_per_token: blend(l.per_token, self.fleet.per_token),
             observations: l.overhead.n.saturating_add(l.per_token.n),
         }
+    }
+
+    /// Recomputes the fleet's rates from the observed endpoints.
+    fn refresh_fleet(&mut self) {
+        let prior = Self::prior(&self.config);
+        let mean = |f: fn(&Learnt) -> LogMean, prior: LogMean| {
+            let (sum, n) = self
+                .learnt
+                .values()
+                .map(f)
+                .filter(|m| m.n > 0)
+                .fold((0.0, 0u32), |(s, n), m| (s + m.ln, n + 1));
+            if n == 0 {
+                prior
+            } else {
+                LogMean {
+                    ln: sum / f64::from(n),
+                    n,
+                }
+            }
+        };
+        self.fleet = Learnt {
+            overhead: mean(|l| l.overhead, prior.overhead),
+            per_token: mean(|l| l.per_token, prior.per_token),
+            seen_at: 0,
+        };
     }
 
     /// Mean uncached tokens of the requests routed so far.
@@ -166,10 +228,19 @@ impl TtftModel {
     /// `endpoint` answered its first byte `ttft_ms` after routing, for a
     /// request that had `work_tokens` (ahead + uncached) to wait for.
     pub fn observe(&mut self, endpoint: Endpoint, work_tokens: u64, ttft_ms: u64) {
-        let prior = self.prior();
         let lr = self.config.learning_rate;
         let small = self.config.overhead_work_tokens;
-        let l = self.learnt.entry(endpoint).or_insert(prior);
+        self.observations += 1;
+        // A stale endpoint resumes from what it is assumed to be now.
+        let current = self.rates(&endpoint);
+        let l = self.learnt.entry(endpoint).or_insert(Learnt {
+            overhead: LogMean::new(current.overhead_ms),
+            per_token: LogMean::new(current.ms_per_token),
+            seen_at: 0,
+        });
+        l.overhead.ln = current.overhead_ms.max(1e-9).ln();
+        l.per_token.ln = current.ms_per_token.max(1e-9).ln();
+        l.seen_at = self.observations;
         let ttft = ttft_ms as f64;
         if work_tokens <= small {
             l.overhead.observe(ttft.max(0.01), lr);
@@ -179,11 +250,13 @@ impl TtftModel {
             let prefill = (ttft - l.overhead.value()).max(ttft * 0.1);
             l.per_token.observe(prefill / work_tokens as f64, lr);
         }
+        self.refresh_fleet();
     }
 
     /// Forgets endpoints that left the pool.
     pub fn retain(&mut self, pool: &[Endpoint]) {
         self.learnt.retain(|e, _| pool.contains(e));
+        self.refresh_fleet();
     }
 
     /// The prediction for `endpoint` with `ahead` tokens of prefill before
@@ -239,9 +312,11 @@ mod tests {
         assert!((a.overhead_ms - 5.0).abs() < 0.5, "{a:?}");
         assert!((a.ms_per_token - 0.02).abs() < 0.004, "{a:?}");
         assert!((b.ms_per_token - 0.1).abs() < 0.02, "{b:?}");
-        assert!(
-            m.predict(&ep(2), 0.0, 4000.0).ttft_ms > 4.0 * m.predict(&ep(1), 0.0, 4000.0).ttft_ms
+        let (p1, p2) = (
+            m.predict(&ep(1), 0.0, 4000.0),
+            m.predict(&ep(2), 0.0, 4000.0),
         );
+        assert!(p2.ttft_ms > 3.5 * p1.ttft_ms, "{p1:?} {p2:?}");
     }
 
     #[test]
@@ -278,6 +353,43 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_avoided_since_it_was_slow_is_tried_again() {
+        let mut m = model();
+        for _ in 0..20 {
+            m.observe(ep(1), 3_000, 20 + 3_000); // slow (1 ms/token)
+            m.observe(ep(2), 3_000, 20 + 30);
+        }
+        assert!(m.rates(&ep(1)).ms_per_token > 0.5);
+        // Endpoint 1 gets nothing for a while; the others keep answering.
+        for _ in 0..STALE_AFTER {
+            m.observe(ep(2), 3_000, 20 + 30);
+            m.observe(ep(3), 3_000, 20 + 30);
+        }
+        let stale = m.rates(&ep(1)).ms_per_token;
+        assert!(stale < 0.05, "still shunned: {stale}");
+        // Its next observation counts from there.
+        m.observe(ep(1), 3_000, 20 + 3_000);
+        assert!(m.rates(&ep(1)).ms_per_token > stale);
+    }
+
+    #[test]
+    fn unobserved_endpoints_are_assumed_average_not_the_prior() {
+        let mut m = model();
+        // The real fleet is 30 times faster than the prior: an endpoint not
+        // tried yet must not look 30 times slower than the one that was.
+        for _ in 0..10 {
+            m.observe(ep(1), 3_000, 20 + 10);
+            m.observe(ep(2), 3_000, 20 + 30);
+        }
+        let (a, b, new) = (m.rates(&ep(1)), m.rates(&ep(2)), m.rates(&ep(3)));
+        assert!(
+            new.ms_per_token > a.ms_per_token && new.ms_per_token < b.ms_per_token,
+            "{a:?} {b:?} {new:?}"
+        );
+        assert_eq!(new.observations, 0);
+    }
+
+    #[test]
     fn a_restart_and_removed_endpoints_go_back_to_the_priors() {
         let mut m = model();
         for _ in 0..20 {
@@ -287,7 +399,7 @@ mod tests {
         m.retain(&[ep(2)]);
         assert_eq!(m.rates(&ep(1)), model().rates(&ep(1)));
         let fresh = model();
-        assert_eq!(fresh.rates(&ep(1)).ms_per_token, 0.1);
+        assert!((fresh.rates(&ep(1)).ms_per_token - 0.1).abs() < 1e-12);
     }
 
     #[test]

@@ -1,0 +1,114 @@
+//! The predicted-TTFT profile (issue 12) through the real Envoy and real
+//! kvroute-sim pods: the debug header shows every candidate's prediction
+//! and its parts, the model learns each pod's rates from streaming first
+//! bytes (a pod made slow is learnt slow and sent less), and conversations
+//! keep their affinity.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::*;
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const DEBUG: &str = "x-kvroute-debug";
+
+fn envoy(sim: &Sim) -> Envoy {
+    Envoy::start(
+        &sim.endpoints(),
+        json!({"debug_header": DEBUG, "scheduling": {"profile": "predicted_ttft"}}),
+        1,
+    )
+}
+
+/// (endpoint, predicted ms, ms per token) of each candidate in the header.
+fn predictions(r: &Reply) -> Vec<(String, f64, f64)> {
+    let d = r.header(DEBUG).expect("debug header");
+    let ttft = d
+        .split("; ttft=")
+        .nth(1)
+        .expect("predictions in the header");
+    ttft.split("),")
+        .map(|c| {
+            let (ep, rest) = c.split_once('=').unwrap();
+            let ms: f64 = rest.split("ms(").next().unwrap().parse().unwrap();
+            let per_tok: f64 = rest
+                .split(" x ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            (ep.to_string(), ms, per_tok)
+        })
+        .collect()
+}
+
+fn long_prompt(tag: &str) -> String {
+    format!("{tag} ").repeat(1_500)
+}
+
+fn stream(envoy: &Envoy, tag: &str) {
+    let body = json!({"model": MODEL, "prompt": long_prompt(tag), "max_tokens": 2, "stream": true});
+    let (times, _) = sse_events(envoy.port, "/v1/completions", &body);
+    assert!(!times.is_empty(), "no stream for {tag}");
+}
+
+fn probe(envoy: &Envoy, tag: &str) -> Reply {
+    let body: Value = json!({"model": MODEL, "prompt": long_prompt(tag), "max_tokens": 1});
+    let r = post_json(&envoy.url("/v1/completions"), &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r
+}
+
+#[test]
+fn predictions_are_visible_learnt_and_steer_away_from_a_slow_pod() {
+    let sim = Sim::start(3, &["--time-scale", "0.2"]);
+    let envoy = envoy(&sim);
+    // Before any stream: every candidate at the prior rate (0.1 ms/token).
+    let first = predictions(&probe(&envoy, "probe-0"));
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert!(
+        first.iter().all(|(_, _, r)| (*r - 0.1).abs() < 1e-9),
+        "{first:?}"
+    );
+
+    // Pod 0 becomes slow; streams teach every pod's rate.
+    sim.fault(0, json!({"extra_latency_ms": 400}));
+    for i in 0..24 {
+        stream(&envoy, &format!("learn-{i}"));
+    }
+    let learnt = predictions(&probe(&envoy, "probe-1"));
+    let rate = |i: usize| {
+        learnt
+            .iter()
+            .find(|(e, _, _)| *e == sim.endpoint(i))
+            .map(|(_, _, r)| *r)
+            .unwrap()
+    };
+    assert!(
+        learnt.iter().any(|(_, _, r)| (*r - 0.1).abs() > 1e-3),
+        "nothing learnt: {learnt:?}"
+    );
+    assert!(rate(0) > 2.0 * rate(1).max(rate(2)), "{learnt:?}");
+
+    // New requests now avoid the slow pod.
+    let before = sim.state(0)["requests_served"].as_u64().unwrap_or(0);
+    for i in 0..12 {
+        stream(&envoy, &format!("after-{i}"));
+    }
+    let to_slow = sim.state(0)["requests_served"].as_u64().unwrap_or(0) - before;
+    assert!(
+        to_slow <= 2,
+        "{to_slow} of 12 new requests went to the slow pod"
+    );
+
+    // Affinity holds: the same prompt again goes where it was cached.
+    let again = probe(&envoy, "after-3");
+    assert!(
+        again.header(DEBUG).unwrap().contains("reason=Prefix"),
+        "{:?}",
+        again.header(DEBUG)
+    );
+}
