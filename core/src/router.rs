@@ -132,41 +132,30 @@ impl Router {
         };
         let metrics = &self.config.metrics;
         let stalled = self.stalled(states, &inflight, now_ms);
-        let predicted = self.config.scheduling.profile == Profile::PredictedTtft;
-        let block_tokens = self.config.prefix.block_tokens as u64;
-        let candidates: Vec<Candidate> = self
+        let mut candidates: Vec<Candidate> = self
             .pool
             .iter()
             .map(|&endpoint| {
                 let state = states.get(endpoint);
-                let snapshot = state.fresh(now_ms, metrics.stale_after_ms);
-                let matched_blocks = matches
-                    .iter()
-                    .find(|(e, _)| *e == endpoint)
-                    .map_or(0, |(_, n)| *n);
-                let inflight = inflight(endpoint);
-                let prediction = predicted.then(|| {
-                    let uncached =
-                        prompt_tokens.saturating_sub(matched_blocks as u64 * block_tokens);
-                    self.ttft.predict(
-                        &endpoint,
-                        self.ahead_tokens(snapshot, inflight),
-                        uncached as f64,
-                    )
-                });
                 Candidate {
                     endpoint,
-                    snapshot,
+                    snapshot: state.fresh(now_ms, metrics.stale_after_ms),
                     healthy: state.healthy(metrics.unhealthy_after_failures)
                         && !outliers.ejected(endpoint, now_ms)
                         && !stalled.contains(&endpoint),
-                    matched_blocks,
-                    inflight,
+                    matched_blocks: matches
+                        .iter()
+                        .find(|(e, _)| *e == endpoint)
+                        .map_or(0, |(_, n)| *n),
+                    inflight: inflight(endpoint),
                     last_picked_ms: self.last_picked.get(&endpoint).copied(),
-                    prediction,
+                    prediction: None,
                 }
             })
             .collect();
+        if self.config.scheduling.profile == Profile::PredictedTtft {
+            self.predict(&mut candidates, prompt_tokens);
+        }
         let facts = RequestFacts {
             total_blocks: blocks.len(),
             prompt_tokens,
@@ -189,6 +178,27 @@ impl Router {
             .collect();
         others.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         others.into_iter().take(n).map(|(e, _)| e).collect()
+    }
+
+    /// Fills in each candidate's predicted TTFT (`ttft.rs`).
+    fn predict(&self, candidates: &mut [Candidate], prompt_tokens: u64) {
+        let block_tokens = self.config.prefix.block_tokens as u64;
+        // Requests waiting per endpoint, on average: the engine's queue, or
+        // kvroute's own count of requests without a first byte if larger.
+        let queued = candidates
+            .iter()
+            .map(|c| {
+                let engine = c.snapshot.map_or(0.0, |s| s.waiting);
+                engine.max(f64::from(c.inflight.waiting))
+            })
+            .sum::<f64>()
+            / candidates.len().max(1) as f64;
+        for c in candidates {
+            let cached = c.matched_blocks as u64 * block_tokens;
+            let uncached = prompt_tokens.saturating_sub(cached) as f64;
+            let ahead = self.ahead_tokens(c.snapshot, c.inflight);
+            c.prediction = Some(self.ttft.predict(&c.endpoint, ahead, uncached, queued));
+        }
     }
 
     /// Prefill work ahead of a new request on an endpoint (`ttft.rs`):

@@ -47,6 +47,8 @@ const MAX_STEP: f64 = 4.0;
 /// as the fleet average again (so one learnt slow, and since avoided, is
 /// tried again rather than shunned forever on stale data).
 const STALE_AFTER: u64 = 256;
+/// Rates within this factor of the fleet's count as the fleet's.
+const NOISE: f64 = 1.5;
 
 /// A rate learnt in log space.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -121,6 +123,11 @@ pub struct Prediction {
     pub ms_per_token: f64,
     /// The endpoint's learnt fixed part, ms.
     pub overhead_ms: f64,
+    /// What the request's own prefill costs the requests queued behind it
+    /// there, ms (see the module doc).
+    pub queue_cost_ms: f64,
+    /// What the decision minimises: `ttft_ms + queue_cost_ms`.
+    pub cost_ms: f64,
 }
 
 /// Learnt rates of every endpoint, and the mean request size.
@@ -164,13 +171,31 @@ impl TtftModel {
     /// hold until some endpoint is observed. An endpoint not observed for a
     /// while (others were, [`STALE_AFTER`] times) drifts back to the fleet's
     /// rates: one learnt slow and since avoided gets tried again.
+    ///
+    /// A rate within [`NOISE`] of the fleet's is the fleet's: equal pods
+    /// learn slightly different rates from the load they happened to see,
+    /// and ranking by that noise would keep sending the "fastest" one more.
     pub fn rates(&self, endpoint: &Endpoint) -> Rates {
+        let (overhead, per_token, observations) = self.own(endpoint);
+        let snap = |own: f64, fleet: LogMean| {
+            if (own.ln() - fleet.ln).abs() < NOISE.ln() {
+                fleet.value()
+            } else {
+                own
+            }
+        };
+        Rates {
+            overhead_ms: snap(overhead, self.fleet.overhead),
+            ms_per_token: snap(per_token, self.fleet.per_token),
+            observations,
+        }
+    }
+
+    /// `endpoint`'s own (overhead, per-token, observations), drifted toward
+    /// the fleet's with staleness; the fleet's where not observed.
+    fn own(&self, endpoint: &Endpoint) -> (f64, f64, u32) {
         let Some(l) = self.learnt.get(endpoint) else {
-            return Rates {
-                overhead_ms: self.fleet.overhead.value(),
-                ms_per_token: self.fleet.per_token.value(),
-                observations: 0,
-            };
+            return (self.fleet.overhead.value(), self.fleet.per_token.value(), 0);
         };
         let stale = self.observations.saturating_sub(l.seen_at) as f64 / STALE_AFTER as f64;
         let w = stale.min(1.0);
@@ -181,11 +206,11 @@ impl TtftModel {
                 (own.ln * (1.0 - w) + fleet.ln * w).exp()
             }
         };
-        Rates {
-            overhead_ms: blend(l.overhead, self.fleet.overhead),
-            ms_per_token: blend(l.per_token, self.fleet.per_token),
-            observations: l.overhead.n.saturating_add(l.per_token.n),
-        }
+        (
+            blend(l.overhead, self.fleet.overhead),
+            blend(l.per_token, self.fleet.per_token),
+            l.overhead.n.saturating_add(l.per_token.n),
+        )
     }
 
     /// Recomputes the fleet's rates from the observed endpoints.
@@ -232,14 +257,14 @@ impl TtftModel {
         let small = self.config.overhead_work_tokens;
         self.observations += 1;
         // A stale endpoint resumes from what it is assumed to be now.
-        let current = self.rates(&endpoint);
+        let (overhead, per_token, _) = self.own(&endpoint);
         let l = self.learnt.entry(endpoint).or_insert(Learnt {
-            overhead: LogMean::new(current.overhead_ms),
-            per_token: LogMean::new(current.ms_per_token),
+            overhead: LogMean::new(overhead),
+            per_token: LogMean::new(per_token),
             seen_at: 0,
         });
-        l.overhead.ln = current.overhead_ms.max(1e-9).ln();
-        l.per_token.ln = current.ms_per_token.max(1e-9).ln();
+        l.overhead.ln = overhead.max(1e-9).ln();
+        l.per_token.ln = per_token.max(1e-9).ln();
         l.seen_at = self.observations;
         let ttft = ttft_ms as f64;
         if work_tokens <= small {
@@ -261,16 +286,28 @@ impl TtftModel {
 
     /// The prediction for `endpoint` with `ahead` tokens of prefill before
     /// this request's `uncached` ones.
-    pub fn predict(&self, endpoint: &Endpoint, ahead: f64, uncached: f64) -> Prediction {
+    /// `queued` is the number of requests each endpoint has waiting, on
+    /// average over the pool: that many wait behind this request's prefill.
+    pub fn predict(
+        &self,
+        endpoint: &Endpoint,
+        ahead: f64,
+        uncached: f64,
+        queued: f64,
+    ) -> Prediction {
         let r = self.rates(endpoint);
         let ahead = ahead.max(0.0);
         let uncached = uncached.max(0.0);
+        let ttft_ms = r.overhead_ms + (ahead + uncached) * r.ms_per_token;
+        let queue_cost_ms = uncached * r.ms_per_token * queued.max(0.0);
         Prediction {
-            ttft_ms: r.overhead_ms + (ahead + uncached) * r.ms_per_token,
+            ttft_ms,
             ahead_tokens: ahead,
             uncached_tokens: uncached,
             ms_per_token: r.ms_per_token,
             overhead_ms: r.overhead_ms,
+            queue_cost_ms,
+            cost_ms: ttft_ms + queue_cost_ms,
         }
     }
 }
@@ -292,7 +329,7 @@ mod tests {
     #[test]
     fn unobserved_endpoints_use_the_priors() {
         let m = model();
-        let p = m.predict(&ep(1), 1000.0, 500.0);
+        let p = m.predict(&ep(1), 1000.0, 500.0, 0.0);
         assert!((p.ttft_ms - (20.0 + 1500.0 * 0.1)).abs() < 1e-6, "{p:?}");
         assert_eq!(m.rates(&ep(1)).observations, 0);
     }

@@ -199,10 +199,10 @@ impl Scheduler {
 
         let predicted = self.config.profile == crate::config::Profile::PredictedTtft;
         let total = if predicted {
-            // Lower predicted TTFT is better; an endpoint without a
-            // prediction (none was made) comes last.
+            // Lower predicted cost (TTFT plus what its prefill costs the
+            // queue behind it) is better; no prediction comes last.
             kept.iter()
-                .map(|&i| candidates[i].prediction.map_or(f64::MIN, |p| -p.ttft_ms))
+                .map(|&i| candidates[i].prediction.map_or(f64::MIN, |p| -p.cost_ms))
                 .collect()
         } else {
             self.score(&ctx, &kept)
