@@ -16,6 +16,7 @@ use crate::report::{cost_table, machine, table, write_json, ResultsFile};
 use crate::router_under_test::{ensure_sglang, RouterKind};
 use crate::runner::RunSettings;
 use crate::trace::Trace;
+use crate::workload::saturation::{Capacity, Fleet};
 use crate::workload::{Workload, WorkloadArgs};
 
 /// The repository root this binary was built from.
@@ -53,8 +54,14 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 32)]
     pub users: usize,
     /// Open loop instead: sessions started per simulated second (Poisson arrivals).
+    /// `saturation` is always open loop, at the rate its capacity model derives unless
+    /// this is given.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// TTFT objective, simulated ms: the report gives the share of requests whose first
+    /// token came within it (failed requests miss it) and that goodput per second.
+    #[arg(long, default_value_t = 2000.0)]
+    pub ttft_slo_ms: f64,
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     pub envoy_workers: usize,
@@ -104,6 +111,29 @@ impl FleetArgs {
         sized.max(2 * max_req).min(26_000)
     }
 
+    /// The saturation workload's capacity model for this fleet (module
+    /// `workload::saturation`): round robin's and a cache-aware router's capacity, and
+    /// the session arrival rate `--sat-load` sets.
+    pub fn saturation_capacity(&self, trace: &Trace, w: &WorkloadArgs) -> Capacity {
+        let fleet = Fleet::sim_defaults(
+            self.pods,
+            self.kv_blocks_for(Workload::Saturation, trace, w),
+            self.block_size,
+            self.max_num_seqs,
+        );
+        Capacity::of(trace, fleet, w.saturation.sat_load)
+    }
+
+    /// The open-loop rate: `--rate`, or for `saturation` the rate its capacity model
+    /// derives; `None` (closed loop) otherwise.
+    fn rate_for(&self, workload: Workload, trace: &Trace, w: &WorkloadArgs) -> Option<f64> {
+        match (self.rate, workload) {
+            (Some(r), _) => Some(r),
+            (None, Workload::Saturation) => Some(self.saturation_capacity(trace, w).session_rate),
+            (None, _) => None,
+        }
+    }
+
     fn experiment(&self, workload: Workload, trace: &Trace, w: &WorkloadArgs) -> Experiment {
         let kv_blocks = self.kv_blocks_for(workload, trace, w);
         Experiment {
@@ -117,11 +147,12 @@ impl FleetArgs {
             },
             run: RunSettings {
                 users: self.users,
-                rate: self.rate,
+                rate: self.rate_for(workload, trace, w),
                 time_scale: self.time_scale,
                 block_size: self.block_size,
                 request_timeout: Duration::from_secs(self.request_timeout_s),
                 seed: w.seed,
+                ttft_slo_ms: self.ttft_slo_ms,
             },
             envoy_workers: self.envoy_workers,
             kvroute_config: self.kvroute_config.clone(),
@@ -387,6 +418,16 @@ async fn compare(
         }
     }
     println!("{}", table(&out));
+    if e.run.rate.is_some() {
+        println!("TTFT p50 by quarter of the run (answered requests in start order; rising = a queue builds):");
+        for r in out.iter().filter(|r| r.skipped.is_none()) {
+            let q = r.ttft_p50_by_quarter;
+            println!(
+                "  {:<26} {:>6.0} {:>6.0} {:>6.0} {:>6.0} ms",
+                r.router, q[0], q[1], q[2], q[3]
+            );
+        }
+    }
     if arms.iter().any(|a| a.topology != Topology::SINGLE) {
         println!(
             "gateway cost ({} Envoy workers per replica; CPU and bytes in wall-clock time):\n{}",
@@ -402,6 +443,9 @@ async fn compare(
 struct Settings<'a, W: Serialize> {
     args: &'a W,
     kv_blocks_per_workload: Vec<(String, usize)>,
+    /// The saturation workload's capacity model and derived arrival rate, if it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    saturation_model: Option<Capacity>,
     sglang_router: String,
     peer_sync: String,
 }
@@ -425,10 +469,14 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
     let t0 = Instant::now();
     let mut all = Vec::new();
     let mut kv = Vec::new();
+    let mut saturation_model = None;
     for w in workloads {
         let trace = a.fleet.cut(a.workload.trace(w));
         let e = a.fleet.experiment(w, &trace, &a.workload);
         kv.push((w.name().to_string(), e.sim.kv_blocks));
+        if w == Workload::Saturation {
+            saturation_model = Some(note_saturation(&a.fleet, &trace, &a.workload, &e));
+        }
         let results = compare(w, &trace, &arms, &e, &tools, &available).await;
         let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
         std::fs::create_dir_all(&out_dir)?;
@@ -450,6 +498,7 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
             settings: Settings {
                 args: a,
                 kv_blocks_per_workload: kv.clone(),
+                saturation_model,
                 sglang_router: sglang_note(&available.sglang),
                 peer_sync: sync_note(&arms),
             },
@@ -478,10 +527,14 @@ pub async fn replicas(a: &ReplicasArgs) -> Result<()> {
     let t0 = Instant::now();
     let mut all = Vec::new();
     let mut kv = Vec::new();
+    let mut saturation_model = None;
     for &w in &a.workloads {
         let trace = a.fleet.cut(a.workload.trace(w));
         let e = a.fleet.experiment(w, &trace, &a.workload);
         kv.push((w.name().to_string(), e.sim.kv_blocks));
+        if w == Workload::Saturation {
+            saturation_model = Some(note_saturation(&a.fleet, &trace, &a.workload, &e));
+        }
         let results = compare(w, &trace, &arms, &e, &tools, &available).await;
         std::fs::create_dir_all(&out_dir)?;
         let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
@@ -504,6 +557,7 @@ pub async fn replicas(a: &ReplicasArgs) -> Result<()> {
             settings: Settings {
                 args: a,
                 kv_blocks_per_workload: kv.clone(),
+                saturation_model,
                 sglang_router: "not used".into(),
                 peer_sync: sync_note(&arms),
             },
@@ -579,6 +633,16 @@ pub fn replicas_summary(results: &[RunResult], router: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Prints the saturation workload's capacity model and the rate the run uses.
+fn note_saturation(f: &FleetArgs, trace: &Trace, w: &WorkloadArgs, e: &Experiment) -> Capacity {
+    let c = f.saturation_capacity(trace, w);
+    println!("\nsaturation: {}", c.summary());
+    if let (Some(rate), Some(_)) = (e.run.rate, f.rate) {
+        println!("saturation: --rate {rate} sessions/s overrides the derived rate");
+    }
+    c
 }
 
 fn sglang_note(s: &std::result::Result<(), String>) -> String {
@@ -660,6 +724,7 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
         settings: Settings {
             args: a,
             kv_blocks_per_workload: vec![("chat".into(), a.kv_blocks)],
+            saturation_model: None,
             sglang_router: "not used".into(),
             peer_sync: sync_note(&arms),
         },

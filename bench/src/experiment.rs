@@ -56,6 +56,16 @@ pub struct RunResult {
     pub req_per_s: f64,
     /// Output tokens per simulated second.
     pub output_tokens_per_s: f64,
+    /// The TTFT objective, simulated ms (`--ttft-slo-ms`).
+    pub ttft_slo_ms: f64,
+    /// Share of the trace's requests whose first token came within the objective
+    /// (failed and never-sent requests miss it).
+    pub slo_met: f64,
+    /// Goodput: requests that met the TTFT objective per simulated second.
+    pub goodput_req_per_s: f64,
+    /// TTFT p50 (simulated ms) of each quarter of the answered requests in start
+    /// order: flat when the fleet keeps up, rising when a queue builds.
+    pub ttft_p50_by_quarter: [f64; 4],
     /// Wall-clock duration of the load phase, seconds.
     pub wall_s: f64,
     /// Requests served per pod.
@@ -97,6 +107,10 @@ impl RunResult {
             e2e_ms: Percentiles::default(),
             req_per_s: 0.0,
             output_tokens_per_s: 0.0,
+            ttft_slo_ms: 0.0,
+            slo_met: 0.0,
+            goodput_req_per_s: 0.0,
+            ttft_p50_by_quarter: [0.0; 4],
             wall_s: 0.0,
             per_pod_requests: Vec::new(),
             imbalance: 0.0,
@@ -205,6 +219,20 @@ pub async fn run_one(
         out_tokens += x.output_tokens;
     }
     let errors = exchanges.iter().filter(|x| x.error.is_some()).count();
+    let slo = e.run.ttft_slo_ms;
+    let met = exchanges
+        .iter()
+        .filter(|x| x.error.is_none() && x.ttft_ms.is_some_and(|t| t <= slo))
+        .count();
+    let mut quarters = [0.0; 4];
+    let n = ttft_samples.len();
+    for (q, out) in quarters.iter_mut().enumerate() {
+        let mut rec = LatencyRecorder::new();
+        for &t in &ttft_samples[q * n / 4..(q + 1) * n / 4] {
+            rec.record_ms(t);
+        }
+        *out = rec.percentiles().p50;
+    }
     let sim_s = wall.as_secs_f64() / e.sim.time_scale;
     let per_pod: Vec<u64> = counters.iter().map(|c| c.requests).collect();
     let theoretical = theory.rate();
@@ -230,6 +258,10 @@ pub async fn run_one(
         e2e_ms: e2e.percentiles(),
         req_per_s: (exchanges.len() - errors) as f64 / sim_s,
         output_tokens_per_s: out_tokens as f64 / sim_s,
+        ttft_slo_ms: slo,
+        slo_met: met as f64 / trace.requests().max(1) as f64,
+        goodput_req_per_s: met as f64 / sim_s,
+        ttft_p50_by_quarter: quarters,
         wall_s: wall.as_secs_f64(),
         imbalance: imbalance(&per_pod),
         per_pod_requests: per_pod,

@@ -8,7 +8,9 @@ use serde::Serialize;
 
 use crate::experiment::RunResult;
 
-/// The comparison table of one workload's results.
+/// The comparison table of one workload's results (`TTFT<=SLO`: share of the
+/// requests whose first token came within `--ttft-slo-ms`; `goodput/s`: those
+/// requests per simulated second).
 pub fn table(results: &[RunResult]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
@@ -23,6 +25,8 @@ pub fn table(results: &[RunResult]) -> Table {
         "p99",
         "req/s",
         "out tok/s",
+        "TTFT<=SLO",
+        "goodput/s",
         "imbalance",
         "peak queue",
         "errors",
@@ -47,6 +51,8 @@ pub fn table(results: &[RunResult]) -> Table {
             ms(r.e2e_ms.p99),
             format!("{:.2}", r.req_per_s),
             format!("{:.0}", r.output_tokens_per_s),
+            format!("{:.1}%", r.slo_met * 100.0),
+            format!("{:.2}", r.goodput_req_per_s),
             format!("{:.2}", r.imbalance),
             format!("{}", r.peak_queue.iter().max().copied().unwrap_or(0)),
             format!("{}/{}", r.errors, r.requests),

@@ -30,6 +30,8 @@ pub struct RunSettings {
     pub request_timeout: Duration,
     /// Seed of the open-loop arrivals.
     pub seed: u64,
+    /// TTFT objective, simulated ms (goodput in the report).
+    pub ttft_slo_ms: f64,
 }
 
 /// One request as the client saw it.

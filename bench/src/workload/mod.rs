@@ -9,6 +9,7 @@ pub mod hotspot;
 pub mod longqa;
 pub mod noreuse;
 pub mod pressure;
+pub mod saturation;
 
 use serde::Serialize;
 
@@ -30,17 +31,20 @@ pub enum Workload {
     NoReuse,
     /// Cache pressure (headline): llm-d's benchmark shape, prefixes overflow one pod.
     Pressure,
+    /// Saturation: open-loop chat sessions arriving faster than round robin can serve.
+    Saturation,
 }
 
 impl Workload {
     /// Every workload, in report order.
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 7] = [
         Workload::Pressure,
         Workload::Chat,
         Workload::Agentic,
         Workload::LongQa,
         Workload::Hotspot,
         Workload::NoReuse,
+        Workload::Saturation,
     ];
 
     /// The kebab-case name used on the command line and in results.
@@ -52,6 +56,7 @@ impl Workload {
             Workload::Hotspot => "hotspot",
             Workload::NoReuse => "no-reuse",
             Workload::Pressure => "pressure",
+            Workload::Saturation => "saturation",
         }
     }
 }
@@ -80,6 +85,9 @@ pub struct WorkloadArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub pressure: pressure::PressureArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub saturation: saturation::SaturationArgs,
 }
 
 impl WorkloadArgs {
@@ -92,6 +100,7 @@ impl WorkloadArgs {
             Workload::Hotspot => hotspot::generate(&self.hotspot, &self.chat, self.seed),
             Workload::NoReuse => noreuse::generate(&self.no_reuse, self.seed),
             Workload::Pressure => pressure::generate(&self.pressure, self.seed),
+            Workload::Saturation => saturation::generate(&self.saturation, self.seed),
         };
         t.shuffle(crate::text::derive_seed(self.seed, 0x5_4FF1E, 0));
         t
