@@ -350,8 +350,8 @@ mod tests {
         assert!((a.ms_per_token - 0.02).abs() < 0.004, "{a:?}");
         assert!((b.ms_per_token - 0.1).abs() < 0.02, "{b:?}");
         let (p1, p2) = (
-            m.predict(&ep(1), 0.0, 4000.0),
-            m.predict(&ep(2), 0.0, 4000.0),
+            m.predict(&ep(1), 0.0, 4000.0, 0.0),
+            m.predict(&ep(2), 0.0, 4000.0, 0.0),
         );
         assert!(p2.ttft_ms > 3.5 * p1.ttft_ms, "{p1:?} {p2:?}");
     }
