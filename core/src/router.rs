@@ -479,11 +479,13 @@ mod tests {
         Router::new(c)
     }
 
+    /// `tokens` of prefill in flight, as one waiting request (none for 0).
     fn work(tokens: u64) -> InFlight {
+        let n = u32::from(tokens > 0);
         InFlight {
-            requests: 1,
+            requests: n,
             tokens,
-            waiting: 1,
+            waiting: n,
             progress_ms: 0,
         }
     }
@@ -520,9 +522,15 @@ mod tests {
         let p = d.prediction().unwrap();
         assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
         assert_eq!(d.predictions.len(), 2);
-        // Once its queue is worth more than prefilling the whole document
-        // elsewhere, the request goes elsewhere (affinity broken by cost).
+        // Its queue is now worth more than prefilling the whole document
+        // elsewhere, but that prefill would also delay the half request
+        // queued per endpoint: it stays.
         let d = decide(&r, 40_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        let p = d.prediction().unwrap();
+        assert!(p.queue_cost_ms > 0.0 && p.cost_ms > p.ttft_ms, "{p:?}");
+        // Past that too, the request goes elsewhere (affinity broken by cost).
+        let d = decide(&r, 60_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
     }
 
@@ -631,6 +639,6 @@ mod tests {
         };
         assert_eq!(decide(1_000, 1_000, &mut rng), ep(2));
         assert_eq!(decide(1_000, 8_000, &mut rng), ep(2));
-        assert_eq!(decide(1_000, 12_000, &mut rng), ep(1));
+        assert_eq!(decide(1_000, 14_000, &mut rng), ep(1));
     }
 }
