@@ -19,6 +19,25 @@
 //! did not send (other gateways, other clients), at the mean size kvroute
 //! sees; it is used only while the endpoint's snapshot is fresh.
 //!
+//! ## The decision
+//!
+//! The endpoint with the lowest cost wins, where
+//!
+//! ```text
+//! queued   = mean over the pool of max(engine waiting, kvroute's waiting)
+//! cost(e)  = TTFT(e) + uncached(e) x ms_per_token(e) x queued
+//! ```
+//!
+//! The second term is what this request's own prefill costs the requests
+//! that wait behind it. On an idle fleet it is zero and the rule is plain
+//! lowest-TTFT (a long prefix stays on its holder until the holder's queue
+//! costs more than prefilling the prompt elsewhere, then the prefix gains a
+//! second holder and later requests balance over both). Under saturation
+//! a cache miss delays everyone queued, so hits weigh more: a cache hit is
+//! the only way to add capacity. Cold requests (no holder anywhere): every
+//! endpoint within `scheduling.cold_margin` of the best cost is acceptable
+//! and the picker rotates among them (`scheduler/picker.rs`).
+//!
 //! ## Learning
 //!
 //! Each streaming request that gets a first byte from its chosen endpoint
@@ -27,13 +46,21 @@
 //! (`<= scheduling.ttft.overhead_work_tokens`) teach `overhead`; the others
 //! teach `ms_per_token = (ttft - overhead) / work`. Each rate is a mean in
 //! log space (robust to the heavy right tail of queueing) whose weight is
-//! `1/n` for the first observations and then `scheduling.ttft.learning_rate`,
-//! and a single observation moves it at most ×4 or ÷4 (an outlier such as a
-//! request that waited behind a stall cannot ruin it). Decode load enters
-//! through the rates: an endpoint busy decoding answers later and is
-//! learnt slower. Memory: two numbers per endpoint (removed with it). No
-//! clock is read here: the shell passes the times. A restarted VM starts
-//! from the configured priors and relearns within a few requests.
+//! `1/n` for the first observations and then `scheduling.ttft.learning_rate`;
+//! the first observation replaces the prior, and each later one moves it at
+//! most ×4 or ÷4 (an outlier such as a request that waited behind a stall
+//! cannot ruin it). Decode load enters through the rates: an endpoint busy
+//! decoding answers later and is learnt slower.
+//!
+//! An endpoint not observed yet is assumed to be the fleet's mean (the
+//! configured priors only until some endpoint is observed), so a new pod is
+//! neither shunned nor flooded; an endpoint's rate within ×1.5 of the
+//! fleet's counts as the fleet's (equal pods are not ranked by noise); an
+//! endpoint not observed for 256 fleet observations drifts back to the
+//! fleet's rates (one learnt slow and since avoided is tried again).
+//! Memory: a few numbers per endpoint (removed with it). No clock is read
+//! here: the shell passes the times. A restarted VM starts from the
+//! configured priors and relearns within a few requests.
 
 use crate::config::TtftConfig;
 use crate::endpoint::Endpoint;
