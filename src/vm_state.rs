@@ -242,8 +242,12 @@ impl VmState {
             .update_inflight(|t| t.first_chunk(endpoint, tokens, now_ms));
         if let Some(p) = routed.decision.prediction().filter(|_| stream) {
             let work = (p.ahead_tokens + p.uncached_tokens) as u64;
-            self.router
-                .first_byte(endpoint, work, now_ms.saturating_sub(routed.at_ms));
+            self.router.first_byte(
+                endpoint,
+                work,
+                p.running,
+                now_ms.saturating_sub(routed.at_ms),
+            );
         }
     }
 

@@ -197,7 +197,14 @@ impl Router {
             let cached = c.matched_blocks as u64 * block_tokens;
             let uncached = prompt_tokens.saturating_sub(cached) as f64;
             let ahead = self.ahead_tokens(c.snapshot, c.inflight);
-            c.prediction = Some(self.ttft.predict(&c.endpoint, ahead, uncached, queued));
+            // Decoding there: the engine's count, or kvroute's requests
+            // past their first byte if more.
+            let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
+            let running = c.snapshot.map_or(0.0, |s| s.running).max(f64::from(own));
+            c.prediction = Some(
+                self.ttft
+                    .predict(&c.endpoint, ahead, uncached, running, queued),
+            );
         }
     }
 
@@ -217,10 +224,11 @@ impl Router {
 
     /// `endpoint` sent the first byte of a streaming response `ttft_ms`
     /// after routing; the request had `work_tokens` of prefill to wait for
-    /// (the prediction's ahead + uncached). Teaches the TTFT model.
-    pub fn first_byte(&mut self, endpoint: Endpoint, work_tokens: u64, ttft_ms: u64) {
+    /// (the prediction's ahead + uncached) while `running` requests decoded
+    /// there. Teaches the TTFT model.
+    pub fn first_byte(&mut self, endpoint: Endpoint, work_tokens: u64, running: f64, ttft_ms: u64) {
         if self.pool.contains(&endpoint) {
-            self.ttft.observe(endpoint, work_tokens, ttft_ms);
+            self.ttft.observe(endpoint, work_tokens, running, ttft_ms);
         }
     }
 
@@ -619,8 +627,8 @@ mod tests {
         let states = idle_states(&r, 0);
         // Endpoint 1 answers ten times slower per token.
         for _ in 0..20 {
-            r.first_byte(ep(1), 4_000, 20 + 4_000);
-            r.first_byte(ep(2), 4_000, 20 + 400);
+            r.first_byte(ep(1), 4_000, 0.0, 20 + 4_000);
+            r.first_byte(ep(2), 4_000, 0.0, 20 + 400);
         }
         // A request with equal work ahead everywhere goes to the fast one,
         // and keeps going there until its queue is ten times longer.

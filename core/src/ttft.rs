@@ -118,6 +118,53 @@ impl LogMean {
     }
 }
 
+/// Decayed least squares of first-byte time against requests running on
+/// the endpoint, over the fleet's small-work observations: the slope is
+/// what one more running (decoding) request adds to a first token.
+#[derive(Clone, Copy, Debug, Default)]
+struct DecodeFit {
+    w: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+/// Weight kept by the fit's past at each new observation.
+const FIT_DECAY: f64 = 0.995;
+
+impl DecodeFit {
+    fn add(&mut self, x: f64, y: f64) {
+        if !(x.is_finite() && y.is_finite()) {
+            return;
+        }
+        // An outlier (a wait behind a stall) counts as at most 4x the mean.
+        let y = if self.w >= 1.0 {
+            y.min(4.0 * self.y / self.w + 1.0)
+        } else {
+            y
+        };
+        self.w = self.w * FIT_DECAY + 1.0;
+        self.x = self.x * FIT_DECAY + x;
+        self.y = self.y * FIT_DECAY + y;
+        self.xx = self.xx * FIT_DECAY + x * x;
+        self.xy = self.xy * FIT_DECAY + x * y;
+    }
+
+    /// ms per running request (0 until the running counts seen vary).
+    fn slope(&self) -> f64 {
+        if self.w < f64::from(WARM_UP) {
+            return 0.0;
+        }
+        let (mx, my) = (self.x / self.w, self.y / self.w);
+        let var = self.xx / self.w - mx * mx;
+        if var < 0.25 {
+            return 0.0;
+        }
+        ((self.xy / self.w - mx * my) / var).max(0.0)
+    }
+}
+
 /// What an endpoint has been learnt to be.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rates {
@@ -150,6 +197,11 @@ pub struct Prediction {
     pub ms_per_token: f64,
     /// The endpoint's learnt fixed part, ms.
     pub overhead_ms: f64,
+    /// Requests running (decoding) there.
+    pub running: f64,
+    /// What they add to a first token there, ms (`running` x the learnt
+    /// ms per running request).
+    pub decode_ms: f64,
     /// What the request's own prefill costs the requests queued behind it
     /// there, ms (see the module doc).
     pub queue_cost_ms: f64,
@@ -167,6 +219,8 @@ pub struct TtftModel {
     fleet: Learnt,
     /// Observations taken, all endpoints together.
     observations: u64,
+    /// First-byte time against running requests (fleet-wide).
+    decode: DecodeFit,
     /// Mean uncached tokens of a routed request (for queued requests
     /// kvroute did not send).
     mean_uncached: LogMean,
@@ -180,6 +234,7 @@ impl TtftModel {
             config: config.clone(),
             learnt: HashMap::new(),
             observations: 0,
+            decode: DecodeFit::default(),
             mean_uncached: LogMean::new(512.0),
         }
     }
@@ -278,8 +333,9 @@ impl TtftModel {
     }
 
     /// `endpoint` answered its first byte `ttft_ms` after routing, for a
-    /// request that had `work_tokens` (ahead + uncached) to wait for.
-    pub fn observe(&mut self, endpoint: Endpoint, work_tokens: u64, ttft_ms: u64) {
+    /// request that had `work_tokens` (ahead + uncached) to wait for while
+    /// `running` requests were decoding there.
+    pub fn observe(&mut self, endpoint: Endpoint, work_tokens: u64, running: f64, ttft_ms: u64) {
         let lr = self.config.learning_rate;
         let small = self.config.overhead_work_tokens;
         self.observations += 1;
@@ -294,12 +350,18 @@ impl TtftModel {
         l.per_token.ln = per_token.max(1e-9).ln();
         l.seen_at = self.observations;
         let ttft = ttft_ms as f64;
+        let running = running.max(0.0);
+        let decode_ms = self.decode.slope() * running;
         if work_tokens <= small {
-            l.overhead.observe(ttft.max(0.01), lr);
+            // The fixed part: what is left once the decode load is taken out.
+            l.overhead
+                .observe((ttft - decode_ms).max(ttft * 0.1).max(0.01), lr);
+            self.decode.add(running, ttft);
         } else {
-            // The part past the fixed overhead, never below a tenth of the
-            // observation (an overhead learnt too high must not zero it).
-            let prefill = (ttft - l.overhead.value()).max(ttft * 0.1);
+            // The part past the fixed overhead and the decode load, never
+            // below a tenth of the observation (a part learnt too high must
+            // not zero it).
+            let prefill = (ttft - l.overhead.value() - decode_ms).max(ttft * 0.1);
             l.per_token.observe(prefill / work_tokens as f64, lr);
         }
         self.refresh_fleet();
@@ -313,19 +375,23 @@ impl TtftModel {
 
     /// The prediction for `endpoint` with `ahead` tokens of prefill before
     /// this request's `uncached` ones.
-    /// `queued` is the number of requests each endpoint has waiting, on
-    /// average over the pool: that many wait behind this request's prefill.
+    /// `running` requests decode there; `queued` is the number of requests
+    /// each endpoint has waiting, on average over the pool: that many wait
+    /// behind this request's prefill.
     pub fn predict(
         &self,
         endpoint: &Endpoint,
         ahead: f64,
         uncached: f64,
+        running: f64,
         queued: f64,
     ) -> Prediction {
         let r = self.rates(endpoint);
         let ahead = ahead.max(0.0);
         let uncached = uncached.max(0.0);
-        let ttft_ms = r.overhead_ms + (ahead + uncached) * r.ms_per_token;
+        let running = running.max(0.0);
+        let decode_ms = self.decode.slope() * running;
+        let ttft_ms = r.overhead_ms + decode_ms + (ahead + uncached) * r.ms_per_token;
         let queue_cost_ms = uncached * r.ms_per_token * queued.max(0.0);
         Prediction {
             ttft_ms,
@@ -333,6 +399,8 @@ impl TtftModel {
             uncached_tokens: uncached,
             ms_per_token: r.ms_per_token,
             overhead_ms: r.overhead_ms,
+            running,
+            decode_ms,
             queue_cost_ms,
             cost_ms: ttft_ms + queue_cost_ms,
         }
@@ -356,7 +424,7 @@ mod tests {
     #[test]
     fn unobserved_endpoints_use_the_priors() {
         let m = model();
-        let p = m.predict(&ep(1), 1000.0, 500.0, 0.0);
+        let p = m.predict(&ep(1), 1000.0, 500.0, 0.0, 0.0);
         assert!((p.ttft_ms - (20.0 + 1500.0 * 0.1)).abs() < 1e-6, "{p:?}");
         assert_eq!(m.rates(&ep(1)).observations, 0);
     }
@@ -367,18 +435,18 @@ mod tests {
         // Endpoint 1: 5 ms overhead, 0.02 ms/token; endpoint 2 five times slower.
         for i in 0..50u64 {
             let work = 1_000 + 100 * (i % 7);
-            m.observe(ep(1), 10, 5);
-            m.observe(ep(1), work, 5 + work / 50);
-            m.observe(ep(2), 10, 5);
-            m.observe(ep(2), work, 5 + work / 10);
+            m.observe(ep(1), 10, 0.0, 5);
+            m.observe(ep(1), work, 0.0, 5 + work / 50);
+            m.observe(ep(2), 10, 0.0, 5);
+            m.observe(ep(2), work, 0.0, 5 + work / 10);
         }
         let (a, b) = (m.rates(&ep(1)), m.rates(&ep(2)));
         assert!((a.overhead_ms - 5.0).abs() < 0.5, "{a:?}");
         assert!((a.ms_per_token - 0.02).abs() < 0.004, "{a:?}");
         assert!((b.ms_per_token - 0.1).abs() < 0.02, "{b:?}");
         let (p1, p2) = (
-            m.predict(&ep(1), 0.0, 4000.0, 0.0),
-            m.predict(&ep(2), 0.0, 4000.0, 0.0),
+            m.predict(&ep(1), 0.0, 4000.0, 0.0, 0.0),
+            m.predict(&ep(2), 0.0, 4000.0, 0.0, 0.0),
         );
         assert!(p2.ttft_ms > 3.5 * p1.ttft_ms, "{p1:?} {p2:?}");
     }
@@ -387,17 +455,17 @@ mod tests {
     fn one_outlier_moves_a_rate_at_most_fourfold_and_is_forgotten() {
         let mut m = model();
         for _ in 0..40 {
-            m.observe(ep(1), 2_000, 20 + 40);
+            m.observe(ep(1), 2_000, 0.0, 20 + 40);
         }
         let before = m.rates(&ep(1)).ms_per_token;
-        m.observe(ep(1), 2_000, 600_000); // ten minutes behind a stall
+        m.observe(ep(1), 2_000, 0.0, 600_000); // ten minutes behind a stall
         let hit = m.rates(&ep(1)).ms_per_token;
         assert!(
             hit <= before * MAX_STEP.powf(0.1) + 1e-12,
             "{before} -> {hit}"
         );
         for _ in 0..40 {
-            m.observe(ep(1), 2_000, 20 + 40);
+            m.observe(ep(1), 2_000, 0.0, 20 + 40);
         }
         let after = m.rates(&ep(1)).ms_per_token;
         assert!((after / before - 1.0).abs() < 0.05, "{before} -> {after}");
@@ -407,10 +475,10 @@ mod tests {
     fn adapts_when_an_endpoint_slows_down() {
         let mut m = model();
         for _ in 0..40 {
-            m.observe(ep(1), 2_000, 20 + 40);
+            m.observe(ep(1), 2_000, 0.0, 20 + 40);
         }
         for _ in 0..40 {
-            m.observe(ep(1), 2_000, 20 + 400);
+            m.observe(ep(1), 2_000, 0.0, 20 + 400);
         }
         let r = m.rates(&ep(1)).ms_per_token;
         assert!((r - 0.2).abs() < 0.03, "{r}");
@@ -420,19 +488,19 @@ mod tests {
     fn an_endpoint_avoided_since_it_was_slow_is_tried_again() {
         let mut m = model();
         for _ in 0..20 {
-            m.observe(ep(1), 3_000, 20 + 3_000); // slow (1 ms/token)
-            m.observe(ep(2), 3_000, 20 + 30);
+            m.observe(ep(1), 3_000, 0.0, 20 + 3_000); // slow (1 ms/token)
+            m.observe(ep(2), 3_000, 0.0, 20 + 30);
         }
         assert!(m.rates(&ep(1)).ms_per_token > 0.5);
         // Endpoint 1 gets nothing for a while; the others keep answering.
         for _ in 0..STALE_AFTER {
-            m.observe(ep(2), 3_000, 20 + 30);
-            m.observe(ep(3), 3_000, 20 + 30);
+            m.observe(ep(2), 3_000, 0.0, 20 + 30);
+            m.observe(ep(3), 3_000, 0.0, 20 + 30);
         }
         let stale = m.rates(&ep(1)).ms_per_token;
         assert!(stale < 0.05, "still shunned: {stale}");
         // Its next observation counts from there.
-        m.observe(ep(1), 3_000, 20 + 3_000);
+        m.observe(ep(1), 3_000, 0.0, 20 + 3_000);
         assert!(m.rates(&ep(1)).ms_per_token > stale);
     }
 
@@ -442,8 +510,8 @@ mod tests {
         // The real fleet is 30 times faster than the prior: an endpoint not
         // tried yet must not look 30 times slower than the one that was.
         for _ in 0..10 {
-            m.observe(ep(1), 3_000, 20 + 10);
-            m.observe(ep(2), 3_000, 20 + 30);
+            m.observe(ep(1), 3_000, 0.0, 20 + 10);
+            m.observe(ep(2), 3_000, 0.0, 20 + 30);
         }
         let (a, b, new) = (m.rates(&ep(1)), m.rates(&ep(2)), m.rates(&ep(3)));
         assert!(
@@ -457,7 +525,7 @@ mod tests {
     fn a_restart_and_removed_endpoints_go_back_to_the_priors() {
         let mut m = model();
         for _ in 0..20 {
-            m.observe(ep(1), 2_000, 1_000);
+            m.observe(ep(1), 2_000, 0.0, 1_000);
         }
         assert!(m.rates(&ep(1)).ms_per_token > 0.3);
         m.retain(&[ep(2)]);
@@ -469,14 +537,31 @@ mod tests {
     #[test]
     fn garbage_observations_do_not_poison() {
         let mut m = model();
-        m.observe(ep(1), u64::MAX, u64::MAX);
-        m.observe(ep(1), 0, 0);
-        m.observe(ep(1), 1_000, 0);
+        m.observe(ep(1), u64::MAX, 0.0, u64::MAX);
+        m.observe(ep(1), 0, 0.0, 0);
+        m.observe(ep(1), 1_000, 0.0, 0);
         let r = m.rates(&ep(1));
         assert!(r.ms_per_token.is_finite() && r.ms_per_token > 0.0, "{r:?}");
         assert!(r.overhead_ms.is_finite() && r.overhead_ms > 0.0, "{r:?}");
         m.routed(0);
         m.routed(u64::MAX);
         assert!(m.mean_uncached_tokens().is_finite());
+    }
+
+    #[test]
+    fn learns_what_decoding_requests_add_to_a_first_token() {
+        let mut m = model();
+        // Short requests: 10 ms plus 3 ms per request decoding alongside.
+        for i in 0..200u64 {
+            let running = (i % 9) as f64;
+            m.observe(ep(1), 10, running, 10 + 3 * (i % 9));
+        }
+        let idle = m.predict(&ep(1), 0.0, 10.0, 0.0, 0.0);
+        let busy = m.predict(&ep(1), 0.0, 10.0, 8.0, 0.0);
+        assert!((busy.decode_ms - 24.0).abs() < 2.0, "{busy:?}");
+        assert!((idle.ttft_ms - 10.0).abs() < 2.0, "{idle:?}");
+        // An idle pod of the same fleet is predicted faster than a busy one.
+        let other = m.predict(&ep(2), 0.0, 10.0, 0.0, 0.0);
+        assert!(other.ttft_ms + 20.0 < busy.ttft_ms, "{other:?} {busy:?}");
     }
 }
