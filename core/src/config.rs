@@ -299,12 +299,9 @@ pub struct TtftConfig {
     pub prior_ms_per_token: f64,
     /// Prior fixed part of a first token (a decode step, network), in ms.
     pub prior_overhead_ms: f64,
-    /// Weight of one new observation in the learnt rates once warmed up
-    /// (the first observations are averaged plainly).
+    /// Weight of one new observation in an endpoint's factor once warmed
+    /// up (the first observations are averaged plainly).
     pub learning_rate: f64,
-    /// Work (tokens ahead plus uncached) up to which an observation teaches
-    /// the fixed overhead; above it, the per-token time.
-    pub overhead_work_tokens: u64,
 }
 
 impl Default for TtftConfig {
@@ -313,7 +310,6 @@ impl Default for TtftConfig {
             prior_ms_per_token: 0.1,
             prior_overhead_ms: 20.0,
             learning_rate: 0.1,
-            overhead_work_tokens: 256,
         }
     }
 }
@@ -850,13 +846,6 @@ impl Config {
                 "scheduling.ttft",
                 format!("{:?}", s.ttft),
                 "prior_ms_per_token and learning_rate must be > 0",
-            ));
-        }
-        if s.ttft.overhead_work_tokens > 1_000_000 {
-            return Err(err(
-                "scheduling.ttft.overhead_work_tokens",
-                s.ttft.overhead_work_tokens,
-                "must be 0..=1000000",
             ));
         }
         let o = &self.outlier_detection;

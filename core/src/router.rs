@@ -183,16 +183,6 @@ impl Router {
     /// Fills in each candidate's predicted TTFT (`ttft.rs`).
     fn predict(&self, candidates: &mut [Candidate], prompt_tokens: u64) {
         let block_tokens = self.config.prefix.block_tokens as u64;
-        // Requests waiting per endpoint, on average: the engine's queue, or
-        // kvroute's own count of requests without a first byte if larger.
-        let queued = candidates
-            .iter()
-            .map(|c| {
-                let engine = c.snapshot.map_or(0.0, |s| s.waiting);
-                engine.max(f64::from(c.inflight.waiting))
-            })
-            .sum::<f64>()
-            / candidates.len().max(1) as f64;
         for c in candidates {
             let cached = c.matched_blocks as u64 * block_tokens;
             let uncached = prompt_tokens.saturating_sub(cached) as f64;
@@ -201,10 +191,7 @@ impl Router {
             // past their first byte if more.
             let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
             let running = c.snapshot.map_or(0.0, |s| s.running).max(f64::from(own));
-            c.prediction = Some(
-                self.ttft
-                    .predict(&c.endpoint, ahead, uncached, running, queued),
-            );
+            c.prediction = Some(self.ttft.predict(&c.endpoint, ahead, uncached, running));
         }
     }
 
@@ -530,16 +517,31 @@ mod tests {
         let p = d.prediction().unwrap();
         assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
         assert_eq!(d.predictions.len(), 2);
-        // Its queue is now worth more than prefilling the whole document
-        // elsewhere, but that prefill would also delay the half request
-        // queued per endpoint: it stays.
+        // Once its queue is worth more than prefilling the whole document
+        // elsewhere, the request goes elsewhere (affinity broken by cost).
         let d = decide(&r, 40_000, &mut rng);
-        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
-        let p = d.prediction().unwrap();
-        assert!(p.queue_cost_ms > 0.0 && p.cost_ms > p.ttft_ms, "{p:?}");
-        // Past that too, the request goes elsewhere (affinity broken by cost).
-        let d = decide(&r, 60_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
+        // Unless requests decode on the idle pod: its prefill there would
+        // delay each of them by as much (the holder's are not delayed: its
+        // part is short).
+        let d = r
+            .decide(
+                &doc,
+                38_400,
+                &states,
+                &OutlierTable::default(),
+                |e| {
+                    let mut f = work(if e == ep(1) { 40_000 } else { 0 });
+                    f.requests += 4;
+                    f
+                },
+                1,
+                &mut rng,
+            )
+            .unwrap();
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        let other = d.predictions[1];
+        assert!(other.others_delay_ms > other.ttft_ms, "{other:?}");
     }
 
     #[test]
