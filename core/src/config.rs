@@ -284,12 +284,12 @@ pub enum Profile {
     AffinityGate,
     /// The lowest predicted time to first token for this request: prefill
     /// work ahead of it plus its own uncached tokens, at rates learnt online
-    /// per endpoint (`predict/`).
+    /// per endpoint (`ttft.rs`).
     PredictedTtft,
 }
 
 /// `scheduling.ttft.*`: the predicted-TTFT model's priors and learning
-/// (`predict/`). The priors hold until an endpoint has answered a few
+/// (`ttft.rs`). The priors hold until the fleet has answered a few
 /// streaming requests.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
