@@ -12,7 +12,7 @@ use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
 use crate::metrics::MetricsSnapshot;
 use crate::outlier::OutlierTable;
-use crate::prefix::PrefixIndex;
+use crate::prefix::{PrefixIndex, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::EndpointStates;
 use crate::stall;
@@ -111,13 +111,14 @@ impl Router {
     }
 
     /// Picks an endpoint for a request whose prompt hashed into `blocks`
-    /// (empty when the body was not understood). An endpoint is healthy when
+    /// (empty when the body was not understood; with its checkpoints, from
+    /// `InferenceRequest::prompt`, leaves match too). An endpoint is healthy when
     /// its scrapes answer, passive health has not ejected it and it is not
     /// stalled. `None` only for an empty pool.
     #[allow(clippy::too_many_arguments)]
-    pub fn decide(
+    pub fn decide<'a>(
         &self,
-        blocks: &[u64],
+        blocks: impl Into<Prompt<'a>>,
         prompt_tokens: u64,
         states: &EndpointStates,
         outliers: &OutlierTable,
@@ -125,11 +126,9 @@ impl Router {
         now_ms: u64,
         rng: &mut fastrand::Rng,
     ) -> Option<Decision> {
-        let matches = if blocks.is_empty() {
-            Vec::new()
-        } else {
-            self.index.longest_prefix(blocks)
-        };
+        let prompt = blocks.into();
+        let blocks = prompt.blocks;
+        let matches = self.index.longest_prefix_with_leaves(prompt);
         let metrics = &self.config.metrics;
         let stalled = self.stalled(states, &inflight, now_ms);
         let mut candidates: Vec<Candidate> = self
@@ -145,8 +144,12 @@ impl Router {
                         && !stalled.contains(&endpoint),
                     matched_blocks: matches
                         .iter()
-                        .find(|(e, _)| *e == endpoint)
-                        .map_or(0, |(_, n)| *n),
+                        .find(|m| m.endpoint == endpoint)
+                        .map_or(0, |m| m.blocks),
+                    partial_block: matches
+                        .iter()
+                        .find(|m| m.endpoint == endpoint)
+                        .map_or(0.0, |m| m.partial()),
                     inflight: inflight(endpoint),
                     last_picked_ms: self.last_picked.get(&endpoint).copied(),
                     prediction: None,
@@ -225,16 +228,20 @@ impl Router {
         prompt_tokens.saturating_sub(cached)
     }
 
-    /// Learns that `endpoint` was sent `blocks` at `now_ms`. Ignores
-    /// endpoints outside the pool (a stale log entry after a pool change).
-    pub fn learn(&mut self, endpoint: Endpoint, blocks: &[u64], now_ms: u64) {
+    /// Learns that `endpoint` was sent `blocks` (and the prompt's leaf, if
+    /// given one from `InferenceRequest::prompt`; a decision-log entry's
+    /// list already ends with it) at `now_ms`. Ignores endpoints outside
+    /// the pool (a stale log entry after a pool change).
+    pub fn learn<'a>(&mut self, endpoint: Endpoint, blocks: impl Into<Prompt<'a>>, now_ms: u64) {
         if !self.pool.contains(&endpoint) {
             return;
         }
         let last = self.last_picked.entry(endpoint).or_insert(0);
         *last = (*last).max(now_ms);
-        if !blocks.is_empty() {
-            self.index.record(endpoint, blocks);
+        let prompt = blocks.into();
+        if !prompt.blocks.is_empty() || prompt.leaf().is_some() {
+            self.index
+                .record_with_leaf(endpoint, prompt.blocks, prompt.leaf());
         }
     }
 

@@ -4,10 +4,17 @@
 //! whole prefix before it, like an engine's prefix-cache block keys:
 //!
 //! ```text
-//! c_0 = xxh3_64_with_seed(block_0, 0)
-//! c_i = xxh3_64_with_seed(block_i, c_{i-1})                    (i >= 1)
-//! h_i = xxh3_64_with_seed(c_i as 8 little-endian bytes, seed)  (sealed)
+//! p_0     = 0
+//! p_{k+1} = xxh3_64_with_seed(piece_k, p_k)      piece_k = bytes [k q, (k+1) q), q = block_bytes / 4
+//! c_i     = p_{4(i+1)}                           (the chain value at the end of block i)
+//! h_i     = xxh3_64_with_seed(c_i as 8 little-endian bytes, seed)  (sealed)
 //! ```
+//!
+//! The chain runs over quarter blocks so that the three values inside each
+//! block are sub-block checkpoints for free ([`Leaves`]: what lets a prompt
+//! that ends mid-block, however short, teach affinity). When `block_bytes`
+//! is not a multiple of 4 a block is one piece (`c_i = xxh3(block_i,
+//! c_{i-1})`) and there are no checkpoints.
 //!
 //! So equal hashes at position `i` mean (up to 64-bit collisions) an equal
 //! prompt prefix of `(i + 1) * block_bytes` bytes under the same seed
@@ -34,6 +41,9 @@
 //! response contains. Expected accidental collisions among 32 M indexed
 //! blocks (1024 endpoints x 31250) are ~3e-5.
 //!
+//! A trailing partial block has no block hash, but its checkpoints (and the
+//! request's leaf, the last of them) are kept: see [`Leaves`].
+//!
 //! [`BlockHasher`] is the streaming form that the request parser feeds
 //! piece by piece, so a multi-MiB prompt is never concatenated into a second
 //! buffer; [`block_hashes`] is the one-shot form.
@@ -41,10 +51,18 @@
 use std::io;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
+/// Pieces a block's chain runs over: a block hash is every fourth chain
+/// value, the three in between are its checkpoints (see [`Leaves`]).
+pub const QUARTERS: usize = 4;
+
+/// Finer pieces for the checkpoints of the first content block only (a
+/// short opening turn ends there): 1/16 block (4 tokens at the defaults).
+pub const SIXTEENTHS: usize = 16;
+
 /// Domain tag of the seed derivation; bump it when the canonical prompt
 /// format changes so that old and new hashes never mix (in the shared
 /// decision log during a rolling upgrade, for instance).
-const SEED_DOMAIN: &[u8] = b"kvroute/prefix/v2\0";
+const SEED_DOMAIN: &[u8] = b"kvroute/prefix/v3\0";
 
 /// Seed of block 0: distinct per model and cache salt.
 ///
@@ -106,6 +124,11 @@ pub struct BlockHasher {
     max_blocks: usize,
     buf: Vec<u8>,
     hashes: Vec<u64>,
+    /// Raw checkpoint values of the first content block (see [`Leaves`]).
+    first_row: FirstRow,
+    /// Raw checkpoint values of the later hashed blocks; empty when
+    /// `block_bytes` is not a multiple of 4.
+    rows: Vec<[u64; 3]>,
     total: usize,
 }
 
@@ -119,6 +142,8 @@ impl BlockHasher {
             max_blocks: if block_bytes == 0 { 0 } else { max_blocks },
             buf: Vec::new(),
             hashes: Vec::new(),
+            first_row: FirstRow::default(),
+            rows: Vec::new(),
             total: 0,
         }
     }
@@ -129,6 +154,9 @@ impl BlockHasher {
         if let Some(blocks) = bytes.checked_div(self.block_bytes) {
             let room = self.max_blocks.saturating_sub(self.hashes.len());
             self.hashes.reserve(blocks.min(room));
+            if self.quarter() > 0 {
+                self.rows.reserve(blocks.min(room));
+            }
         }
     }
 
@@ -146,19 +174,66 @@ impl BlockHasher {
             if self.buf.len() < self.block_bytes {
                 return;
             }
-            let h = xxh3_64_with_seed(&self.buf, self.prev);
-            self.push(h);
-            self.buf.clear();
+            let mut buf = std::mem::take(&mut self.buf);
+            self.hash_block(&buf);
+            if !self.is_full() {
+                buf.clear();
+                self.buf = buf; // reuse the allocation
+            }
         }
         while !self.is_full() && bytes.len() >= self.block_bytes {
             let (block, rest) = bytes.split_at(self.block_bytes);
-            let h = xxh3_64_with_seed(block, self.prev);
-            self.push(h);
+            self.hash_block(block);
             bytes = rest;
         }
         if !self.is_full() {
             self.buf.extend_from_slice(bytes);
         }
+    }
+
+    /// Bytes per checkpoint (a quarter block), 0 when blocks do not split
+    /// into quarters.
+    fn quarter(&self) -> usize {
+        if self.block_bytes % QUARTERS == 0 {
+            self.block_bytes / QUARTERS
+        } else {
+            0
+        }
+    }
+
+    /// Bytes per checkpoint in the first content block.
+    fn sixteenth(&self) -> usize {
+        if self.block_bytes % SIXTEENTHS == 0 {
+            self.block_bytes / SIXTEENTHS
+        } else {
+            self.quarter()
+        }
+    }
+
+    /// Hashes one full block: the chain over its quarters (the last value
+    /// is the block's hash, the others its checkpoints).
+    fn hash_block(&mut self, block: &[u8]) {
+        let q = self.quarter();
+        if q == 0 {
+            let h = xxh3_64_with_seed(block, self.prev);
+            return self.push(h);
+        }
+        let mut p = self.prev;
+        let mut row = [0; 3];
+        for (j, piece) in block.chunks_exact(q).enumerate() {
+            p = xxh3_64_with_seed(piece, p);
+            if let Some(slot) = row.get_mut(j) {
+                *slot = p;
+            }
+        }
+        if self.hashes.is_empty() {
+            let fine = self.sixteenth();
+            let row = &mut self.first_row;
+            row.len = chain_pieces(&block[..block.len() - 1], fine, 0, &mut row.values) as u8;
+        } else {
+            self.rows.push(row);
+        }
+        self.push(p);
     }
 
     fn push(&mut self, h: u64) {
@@ -192,13 +267,189 @@ impl BlockHasher {
     /// the chained hashes of all full blocks written (trailing partial block
     /// dropped), at most `max_blocks` in all.
     pub fn finish(self, seed: u64, lead: usize) -> Vec<u64> {
+        self.finish_prompt(seed, lead).blocks
+    }
+
+    /// [`BlockHasher::finish`] plus the prompt's [`Leaves`]: the
+    /// checkpoints inside each hashed content block and inside the trailing
+    /// partial block (when it lies within the cap).
+    pub fn finish_prompt(self, seed: u64, lead: usize) -> PromptHashes {
         let lead = lead.min(self.max_blocks);
         let content = self.max_blocks - lead;
-        (0..lead)
+        let (q, fine_piece) = (self.quarter(), self.sixteenth());
+        let mut first_row = self.first_row;
+        let mut rows = self.rows;
+        if content == 0 {
+            first_row = FirstRow::default();
+        }
+        rows.truncate(content.saturating_sub(1));
+        // The trailing partial block has checkpoints only if it lies within
+        // the cap (so a learned leaf never makes a request longer than
+        // `max_blocks` hashes) and holds at least one piece.
+        let mut tail = 0;
+        if q > 0 && self.hashes.len() < content {
+            if self.hashes.is_empty() {
+                tail = chain_pieces(&self.buf, fine_piece, 0, &mut first_row.values);
+                first_row.len = tail as u8;
+            } else if self.buf.len() >= q {
+                let mut row = [0; 3];
+                tail = chain_pieces(&self.buf, q, self.prev, &mut row);
+                rows.push(row);
+            }
+        }
+        let fine = if self.block_bytes % SIXTEENTHS == 0 {
+            SIXTEENTHS
+        } else {
+            QUARTERS
+        };
+        let blocks = (0..lead)
             .map(lead_value)
             .chain(self.hashes.into_iter().take(content))
             .map(|v| seal(v, seed))
-            .collect()
+            .collect();
+        PromptHashes {
+            blocks,
+            leaves: Leaves {
+                seed,
+                first: lead,
+                fine: fine as u8,
+                first_row,
+                rows,
+                tail: tail as u8,
+            },
+        }
+    }
+}
+
+/// Chain values over the whole `piece`-byte pieces of `bytes` (as many as
+/// `out` holds), from `prev`: `p_1 = xxh3(piece_1, prev)`, `p_j =
+/// xxh3(piece_j, p_{j-1})`. Returns how many were written.
+fn chain_pieces(bytes: &[u8], piece: usize, prev: u64, out: &mut [u64]) -> usize {
+    if piece == 0 {
+        return 0;
+    }
+    let mut p = prev;
+    let mut n = 0;
+    for (slot, chunk) in out.iter_mut().zip(bytes.chunks_exact(piece)) {
+        p = xxh3_64_with_seed(chunk, p);
+        *slot = p;
+        n += 1;
+    }
+    n
+}
+
+/// Checkpoints of the first content block, inline (no allocation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct FirstRow {
+    values: [u64; SIXTEENTHS - 1],
+    len: u8,
+}
+
+/// Seals a checkpoint value; the tag keeps leaves apart from block hashes.
+fn seal_leaf(value: u64, seed: u64) -> u64 {
+    xxh3_64_with_seed(&value.to_le_bytes(), seed ^ LEAF_TAG)
+}
+
+const LEAF_TAG: u64 = 0x6c65_6166_2f76_3100; // "leaf/v1\0"
+
+/// The hashed prompt: its full blocks and its [`Leaves`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PromptHashes {
+    /// Sealed chained hashes of the full blocks (see the module doc).
+    pub blocks: Vec<u64>,
+    /// Sub-block checkpoints: what lets a short prompt, or the mid-block
+    /// end of any prompt, teach affinity.
+    pub leaves: Leaves,
+}
+
+/// Sub-block checkpoints of a prompt: every quarter block (16 tokens at
+/// the default 64-token blocks: vLLM's default KV block), and every 1/16
+/// block in the first content block (where a short opening turn ends).
+///
+/// A block's chain runs over its four quarters, `p_j = xxh3(quarter_j,
+/// p_{j-1})` from the previous block's hash `p_0`, and `p_4` is the block's
+/// hash: its checkpoints `p_1..p_3` cost no extra hashing. The first content
+/// block also gets a finer chain over its sixteenths from 0 (one extra pass
+/// over at most one block per request). Equal sealed checkpoints mean (up to
+/// collisions) an equal prompt prefix up to that point. A request's
+/// **leaf** is the last checkpoint of its trailing partial block: where it
+/// ended, mid-block. Recorded like a block (see [`crate::prefix::index`]),
+/// it lets the next turn of the conversation, which extends this prompt,
+/// find the endpoint even when the prompt was shorter than one block, by
+/// looking up its own checkpoints in the block after its matched full
+/// blocks.
+///
+/// Values are kept raw and sealed on lookup, so a request pays the sealing
+/// only for the rows it looks at. Memory: 24 bytes per hashed block (plus
+/// 120 for the first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Leaves {
+    seed: u64,
+    /// Block index of the first content block (after the tools' leading
+    /// blocks, which have none).
+    first: usize,
+    /// Pieces per block in the first content block (16, or 4 when the
+    /// block does not split into sixteenths).
+    fine: u8,
+    /// Raw checkpoints of the first content block (all of them if it is
+    /// full, else the trailing partial block's).
+    first_row: FirstRow,
+    /// Raw checkpoints of the later content blocks, then the trailing
+    /// partial block's (its first `tail` values) if it is one of them.
+    rows: Vec<[u64; 3]>,
+    /// Checkpoints of the trailing partial block (0 when there is none).
+    tail: u8,
+}
+
+impl Leaves {
+    /// The sealed checkpoints inside block `block` (0-based, as in the
+    /// request's block list; `block == blocks.len()` is the trailing
+    /// partial block) as `(sixteenths of the block, hash)`, longest first.
+    /// Empty when the block has none.
+    pub fn at(&self, block: usize) -> impl Iterator<Item = (u8, u64)> + '_ {
+        let (values, unit): (&[u64], u8) = match block.checked_sub(self.first) {
+            None => (&[], 0),
+            Some(0) => (
+                &self.first_row.values[..self.first_row.len as usize],
+                (SIXTEENTHS / self.fine.max(1) as usize) as u8,
+            ),
+            Some(r) => match self.rows.get(r - 1) {
+                None => (&[], 0),
+                Some(row) if r == self.rows.len() && self.tail > 0 => {
+                    (&row[..self.tail as usize], 4)
+                }
+                Some(row) => (&row[..], 4),
+            },
+        };
+        let seed = self.seed;
+        values
+            .iter()
+            .enumerate()
+            .rev()
+            .map(move |(j, &v)| ((j as u8 + 1) * unit, seal_leaf(v, seed)))
+    }
+
+    /// The request's leaf: the sealed last checkpoint of its trailing
+    /// partial block, if the prompt ends at least one checkpoint past its
+    /// last full block (and within the hashing cap).
+    pub fn leaf(&self) -> Option<u64> {
+        if self.tail == 0 {
+            return None;
+        }
+        self.at(self.tail_block()).next().map(|(_, h)| h)
+    }
+
+    /// How far the leaf reaches into its block, in sixteenths (0 without one).
+    pub fn leaf_sixteenths(&self) -> u8 {
+        if self.tail == 0 {
+            return 0;
+        }
+        self.at(self.tail_block()).next().map_or(0, |(n, _)| n)
+    }
+
+    /// Block index of the trailing partial block (meaningful when `tail > 0`).
+    fn tail_block(&self) -> usize {
+        self.first + self.rows.len()
     }
 }
 
@@ -229,7 +480,13 @@ mod tests {
             return out;
         }
         for chunk in prompt.chunks_exact(bb).take(max) {
-            prev = xxh3_64_with_seed(chunk, prev);
+            if bb % 4 == 0 {
+                for quarter in chunk.chunks_exact(bb / 4) {
+                    prev = xxh3_64_with_seed(quarter, prev);
+                }
+            } else {
+                prev = xxh3_64_with_seed(chunk, prev);
+            }
             out.push(xxh3_64_with_seed(&prev.to_le_bytes(), seed));
         }
         out
@@ -362,5 +619,130 @@ mod tests {
         assert_eq!(hash(1, 2, 5), led[..5].to_vec());
         assert_eq!(hash(1, 7, 5), hash(1, 5, 5));
         assert_eq!(hash(1, 5, 5)[..2], led[..2]);
+    }
+
+    /// Reference checkpoints: the sealed hash of block `i`'s first `j`
+    /// quarters, chained the naive way.
+    /// `s` sixteenths into block `i` (a multiple of 4 unless `i == 0`).
+    fn naive_leaf(seed: u64, prompt: &[u8], bb: usize, i: usize, s: usize) -> u64 {
+        let mut prev = 0;
+        for quarter in prompt.chunks_exact(bb / 4).take(4 * i) {
+            prev = xxh3_64_with_seed(quarter, prev);
+        }
+        let piece = if i == 0 { bb / 16 } else { bb / 4 };
+        let n = if i == 0 { s } else { s / 4 };
+        for chunk in prompt[i * bb..].chunks_exact(piece).take(n) {
+            prev = xxh3_64_with_seed(chunk, prev);
+        }
+        xxh3_64_with_seed(&prev.to_le_bytes(), seed ^ LEAF_TAG)
+    }
+
+    fn prompt_hashes(p: &[u8], bb: usize, max: usize, lead: usize, piece: usize) -> PromptHashes {
+        let mut h = BlockHasher::new(bb, max);
+        for chunk in p.chunks(piece.max(1)) {
+            h.write(chunk);
+        }
+        h.finish_prompt(9, lead)
+    }
+
+    #[test]
+    fn leaf_is_the_last_quarter_of_the_trailing_partial_block() {
+        // (prompt bytes, expected leaf in sixteenths) at 64-byte blocks:
+        // 4-byte sixteenths in block 0, 16-byte quarters after it.
+        let cases = [
+            (0, 0),
+            (3, 0),
+            (4, 1),
+            (15, 3),
+            (16, 4),
+            (47, 11),
+            (63, 15),
+            (64, 0), // ends on a block boundary: the full block covers it
+            (64 + 15, 0),
+            (64 + 16, 4),
+            (64 * 3 + 32, 8),
+            (64 * 3 + 63, 12),
+        ];
+        for (n, want) in cases {
+            let p = text(n);
+            let ph = prompt_hashes(&p, 64, 100, 0, 7);
+            assert_eq!(ph.blocks, block_hashes(9, &p, 64, 100), "n={n}");
+            assert_eq!(ph.leaves.leaf_sixteenths(), want, "n={n}");
+            let k = n / 64;
+            let leaf = ph.leaves.leaf();
+            assert_eq!(leaf.is_some(), want > 0, "n={n}");
+            if let Some(leaf) = leaf {
+                assert_eq!(leaf, naive_leaf(9, &p, 64, k, want as usize), "n={n}");
+                // Its own checkpoints of the trailing block end with it.
+                assert_eq!(ph.leaves.at(k).next(), Some((want, leaf)), "n={n}");
+                assert!(!ph.blocks.contains(&leaf), "a leaf is never a block");
+            }
+        }
+    }
+
+    #[test]
+    fn an_extension_finds_the_leaf_among_its_checkpoints() {
+        // Turn N ends mid-block; turn N+1 extends it: its checkpoints in
+        // that block contain turn N's leaf, whatever the split.
+        for n in [16, 40, 100, 64 * 5 + 20, 64 * 5 + 50] {
+            let turn = text(n);
+            let leaf = prompt_hashes(&turn, 64, 100, 0, 13).leaves.leaf().unwrap();
+            let mut next = turn.clone();
+            next.extend(b"assistant answer and the next user message, long enough".repeat(5));
+            for piece in [1, 16, 64, 1000] {
+                let ph = prompt_hashes(&next, 64, 100, 0, piece);
+                let k = n / 64;
+                let unit = if k == 0 { 4 } else { 16 };
+                let s = ((n % 64) / unit * (unit / 4)) as u8;
+                assert_eq!(ph.blocks[..k], block_hashes(9, &turn, 64, 100)[..]);
+                let got: Vec<(u8, u64)> = ph.leaves.at(k).collect();
+                assert_eq!(got.len(), if k == 0 { 15 } else { 3 }, "block {k} is full");
+                assert!(got.contains(&(s, leaf)), "n={n} piece={piece} s={s}");
+                for (ss, h) in got {
+                    assert_eq!(h, naive_leaf(9, &next, 64, k, ss as usize));
+                }
+            }
+        }
+        // A different continuation inside the leaf's quarter does not match.
+        let turn = text(40);
+        let leaf = prompt_hashes(&turn, 64, 100, 0, 64).leaves.leaf().unwrap();
+        let mut other = turn.clone();
+        other[20] ^= 1;
+        other.extend(text(100));
+        let ph = prompt_hashes(&other, 64, 100, 0, 64);
+        assert!(ph.leaves.at(0).all(|(_, h)| h != leaf));
+        // Another seed (model, salt, tools) shares no leaf.
+        let mut h = BlockHasher::new(64, 100);
+        h.write(&turn);
+        assert_ne!(h.finish_prompt(10, 0).leaves.leaf(), Some(leaf));
+    }
+
+    #[test]
+    fn leaves_respect_the_cap_and_the_leading_blocks() {
+        let p = text(64 * 4 + 40);
+        // Cap reached: no trailing checkpoints, no leaf (the trailing block
+        // is past what is hashed).
+        let capped = prompt_hashes(&p, 64, 4, 0, 64);
+        assert_eq!(capped.blocks.len(), 4);
+        assert_eq!(capped.leaves.leaf(), None);
+        assert_eq!(capped.leaves.at(4).count(), 0);
+        assert_eq!(capped.leaves.at(3).count(), 3);
+        // Leading blocks shift the rows: block `lead + i` is content block i.
+        let plain = prompt_hashes(&p, 64, 100, 0, 64);
+        let led = prompt_hashes(&p, 64, 100, 2, 64);
+        assert_eq!(led.leaves.at(0).count() + led.leaves.at(1).count(), 0);
+        for i in 0..5 {
+            assert!(led.leaves.at(i + 2).eq(plain.leaves.at(i)), "row {i}");
+        }
+        assert_eq!(led.leaves.leaf(), plain.leaves.leaf());
+        // Leading blocks that fill the cap with the content leave no leaf
+        // (a learned list never exceeds `max_blocks` hashes).
+        let full = prompt_hashes(&p, 64, 6, 2, 64);
+        assert_eq!(full.blocks.len(), 6);
+        assert_eq!(full.leaves.leaf(), None);
+        // Blocks that do not split into quarters have no checkpoints.
+        let odd = prompt_hashes(&text(100), 6, 100, 0, 64);
+        assert_eq!(odd.leaves.leaf(), None);
+        assert_eq!(odd.leaves.at(0).count(), 0);
     }
 }

@@ -33,6 +33,19 @@
 //! head). Holder checks walk a chain (O(holders) per block), which is what
 //! keeps the memory at one map for all endpoints.
 //!
+//! # Leaves
+//!
+//! A request's leaf ([`crate::prefix::Leaves`]: the checkpoint where its
+//! prompt ends mid-block) is a node like a block, recorded after the
+//! request's blocks ([`PrefixIndex::record_with_leaf`], or the last hash of
+//! a decision-log entry), so it is the request's least recent node and the
+//! first to go. [`PrefixIndex::longest_prefix_with_leaves`] answers
+//! `longest_prefix` unchanged, plus, for each endpoint with `k` leading
+//! blocks (`k = 0` included), the longest of the request's checkpoints in
+//! block `k` that it holds: a partial block, reported in sixteenths.
+//! Checkpoint hashes are sealed apart from block hashes, so a leaf never
+//! matches a full block.
+//!
 //! # Memory
 //!
 //! At most `capacity` nodes per endpoint (clamped to [`MAX_CAPACITY`]) and
@@ -50,6 +63,7 @@
 //! hasher such as FNV would be exactly as exposed.)
 
 use crate::endpoint::Endpoint;
+use crate::prefix::Prompt;
 use hashbrown::{HashMap, HashSet};
 use std::cmp::Reverse;
 use std::fmt;
@@ -105,6 +119,28 @@ struct Slot {
     len: usize,
     capacity: usize,
     live: bool,
+}
+
+/// One endpoint's match for a request ([`PrefixIndex::longest_prefix_with_leaves`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// Leading full blocks of the request it holds.
+    pub blocks: usize,
+    /// Sixteenths (0..=15) of the next block it holds: a leaf, left there
+    /// by an earlier request that ended inside that block, which this
+    /// request continues (in quarters past the first block, see
+    /// [`crate::prefix::Leaves`]).
+    pub sixteenths: u8,
+}
+
+impl PrefixMatch {
+    /// `sixteenths` as a fraction of a block (0 to 15/16): always less than
+    /// one full block.
+    pub fn partial(&self) -> f64 {
+        f64::from(self.sixteenths) / crate::prefix::block::SIXTEENTHS as f64
+    }
 }
 
 /// Per-endpoint LRU record of the block hashes each endpoint was sent.
@@ -208,16 +244,90 @@ impl PrefixIndex {
         out
     }
 
+    /// [`PrefixIndex::longest_prefix`] plus leaves: every endpoint's full
+    /// leading blocks `k` (exactly as `longest_prefix` counts them), and
+    /// the sixteenths `j` of block `k` it also holds as a leaf (the longest of
+    /// the request's checkpoints in block `k` it holds). An endpoint
+    /// holding no leading block but a leaf in block 0 matches `(0, j)`: a
+    /// conversation whose first turn was shorter than a block. Sorted by
+    /// `(k, j)` (most first), then endpoint.
+    ///
+    /// Cost: `longest_prefix`, plus at most 3 holder-chain walks per
+    /// distinct `k` among the matches (and for `k = 0`).
+    pub fn longest_prefix_with_leaves(&self, prompt: Prompt<'_>) -> Vec<PrefixMatch> {
+        let mut out: Vec<PrefixMatch> = self
+            .longest_prefix(prompt.blocks)
+            .into_iter()
+            .map(|(endpoint, blocks)| PrefixMatch {
+                endpoint,
+                blocks,
+                sixteenths: 0,
+            })
+            .collect();
+        let Some(leaves) = prompt.leaves else {
+            return out;
+        };
+        // at[slot] = index in `out`, if any.
+        let mut at = vec![NIL; self.slots.len()];
+        for (i, m) in out.iter().enumerate() {
+            if let Some(s) = self.slot(m.endpoint) {
+                at[s as usize] = i as u32;
+            }
+        }
+        // `out` is sorted by blocks, most first: distinct counts, then 0.
+        let mut ks: Vec<usize> = out.iter().map(|m| m.blocks).collect();
+        ks.push(0);
+        ks.dedup();
+        for k in ks {
+            for (j, leaf) in leaves.at(k) {
+                let mut n = self.heads.get(&leaf).copied().unwrap_or(NIL);
+                while n != NIL {
+                    let node = &self.nodes[n as usize];
+                    let s = node.slot as usize;
+                    match at[s] {
+                        NIL if k == 0 => {
+                            at[s] = out.len() as u32;
+                            out.push(PrefixMatch {
+                                endpoint: self.slots[s].endpoint,
+                                blocks: 0,
+                                sixteenths: j,
+                            });
+                        }
+                        NIL => {}
+                        i => {
+                            let m = &mut out[i as usize];
+                            if m.blocks == k && m.sixteenths == 0 {
+                                m.sixteenths = j;
+                            }
+                        }
+                    }
+                    n = node.chain_next;
+                }
+            }
+        }
+        out.sort_unstable_by_key(|m| (Reverse((m.blocks, m.sixteenths)), m.endpoint));
+        out
+    }
+
     /// Learns that `endpoint` was sent `blocks` (most recent use). Block 0
     /// ends up most recent, the last block least recent; only the first
-    /// `capacity` blocks are kept.
+    /// `capacity` blocks are kept. A list may end with a leaf (a
+    /// decision-log entry's does): it is a node like any block.
     pub fn record(&mut self, endpoint: Endpoint, blocks: &[u64]) {
+        self.record_with_leaf(endpoint, blocks, None);
+    }
+
+    /// [`PrefixIndex::record`] of `blocks` followed by `leaf`: the leaf is
+    /// one more node, the least recent of the request (evicted before its
+    /// blocks), and counts against the capacity like a block.
+    pub fn record_with_leaf(&mut self, endpoint: Endpoint, blocks: &[u64], leaf: Option<u64>) {
         let Some(s) = self.slot_or_insert(endpoint) else {
             return;
         };
         let cap = self.slots[s as usize].capacity;
         let keep = blocks.get(..cap.min(blocks.len())).unwrap_or(&[]);
-        for &b in keep.iter().rev() {
+        let leaf = leaf.filter(|_| keep.len() < cap);
+        for b in leaf.into_iter().chain(keep.iter().rev().copied()) {
             if let Some(n) = self.find(b, s) {
                 self.lru_unlink(n);
                 self.lru_push_front(n);
@@ -616,6 +726,108 @@ mod tests {
         assert_eq!(ix.endpoint_count(), MAX_ENDPOINTS);
         assert_eq!(ix.len(ep(MAX_ENDPOINTS as u32 + 1)), 0);
         assert!(format!("{ix:?}").contains("endpoints: 4096"));
+    }
+
+    fn leaves_of(p: &[u8]) -> crate::prefix::PromptHashes {
+        let mut h = crate::prefix::block::BlockHasher::new(64, 100);
+        h.write(p);
+        h.finish_prompt(1, 0)
+    }
+
+    fn conv(n: usize, salt: u8) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 251) as u8 ^ salt).collect()
+    }
+
+    #[test]
+    fn a_leaf_matches_the_next_turn_as_a_partial_block() {
+        let mut ix = PrefixIndex::new(100);
+        // Turn 1, shorter than a block (40 bytes: 10 sixteenths), sent to ep 1.
+        let turn1 = conv(40, 0);
+        let t1 = leaves_of(&turn1);
+        assert!(t1.blocks.is_empty());
+        ix.record_with_leaf(ep(1), &t1.blocks, t1.leaves.leaf());
+        // Another conversation's short turn on ep 2.
+        let other = leaves_of(&conv(40, 1));
+        ix.record_with_leaf(ep(2), &other.blocks, other.leaves.leaf());
+        let mut turn2 = turn1.clone();
+        turn2.extend(conv(300, 2));
+        let t2 = leaves_of(&turn2);
+        assert_eq!(t2.blocks.len(), 5);
+        let got = ix.longest_prefix_with_leaves((&t2).into());
+        let want = PrefixMatch {
+            endpoint: ep(1),
+            blocks: 0,
+            sixteenths: 10,
+        };
+        assert_eq!(got, vec![want]);
+        assert_eq!(want.partial(), 0.625);
+        // Without checkpoints only full blocks count: nothing.
+        assert!(ix
+            .longest_prefix_with_leaves((&t2.blocks).into())
+            .is_empty());
+        // The same short prompt again matches its own leaf.
+        let again = ix.longest_prefix_with_leaves((&t1).into());
+        assert_eq!(again, vec![want]);
+    }
+
+    #[test]
+    fn a_leaf_after_full_blocks_ranks_holders_of_the_same_blocks() {
+        let mut ix = PrefixIndex::new(100);
+        // A shared head of 3 blocks on eps 1, 2, 3; the conversation's turn
+        // (3 blocks + 50 bytes) went to ep 2; ep 3 holds a longer prefix of
+        // another conversation; ep 4 holds only the conversation's leaf
+        // (its full blocks were evicted: no match, the leaf does not count
+        // without the blocks before it).
+        let head = conv(64 * 3, 0);
+        let mut turn = head.clone();
+        turn.extend(conv(50, 3));
+        let t = leaves_of(&turn);
+        for e in [1, 2, 3] {
+            ix.record(ep(e), &leaves_of(&head).blocks);
+        }
+        ix.record_with_leaf(ep(2), &t.blocks, t.leaves.leaf());
+        let mut longer = head.clone();
+        longer.extend(conv(64, 9));
+        ix.record(ep(3), &leaves_of(&longer).blocks);
+        ix.record_with_leaf(ep(4), &[], t.leaves.leaf());
+        let mut next = turn.clone();
+        next.extend(conv(500, 4));
+        let n = leaves_of(&next);
+        let got: Vec<(Endpoint, usize, u8)> = ix
+            .longest_prefix_with_leaves((&n).into())
+            .iter()
+            .map(|m| (m.endpoint, m.blocks, m.sixteenths))
+            .collect();
+        assert_eq!(got, vec![(ep(2), 3, 12), (ep(1), 3, 0), (ep(3), 3, 0)]);
+        // Full-block counts are exactly longest_prefix's.
+        let full: Vec<(Endpoint, usize)> = got.iter().map(|&(e, k, _)| (e, k)).collect();
+        let mut plain = ix.longest_prefix(&n.blocks);
+        plain.sort_unstable_by_key(|&(e, _)| full.iter().position(|&(f, _)| f == e));
+        assert_eq!(full, plain);
+    }
+
+    #[test]
+    fn a_leaf_is_the_first_node_of_its_request_to_go() {
+        let mut ix = PrefixIndex::new(4);
+        ix.record_with_leaf(ep(1), &[1, 2, 3], Some(99));
+        assert_eq!(ix.len(ep(1)), 4);
+        ix.record(ep(1), &[7]);
+        assert!(!ix.contains(ep(1), 99), "the leaf is evicted first");
+        assert!(ix.contains(ep(1), 3));
+        // No room left after the blocks: the leaf is not recorded.
+        ix.record_with_leaf(ep(2), &[1, 2, 3, 4, 5], Some(98));
+        assert!(!ix.contains(ep(2), 98));
+        assert_eq!(ix.len(ep(2)), 4);
+        // A decision-log list that ends with the leaf records the same.
+        let mut a = PrefixIndex::new(10);
+        let mut b = PrefixIndex::new(10);
+        a.record_with_leaf(ep(1), &[1, 2], Some(3));
+        b.record(ep(1), &[1, 2, 3]);
+        a.record(ep(1), &[5, 6, 7, 8, 9, 10, 11, 12]);
+        b.record(ep(1), &[5, 6, 7, 8, 9, 10, 11, 12]);
+        for x in [1, 2, 3, 5, 12] {
+            assert_eq!(a.contains(ep(1), x), b.contains(ep(1), x), "{x}");
+        }
     }
 
     /// Reference model: per endpoint a Vec of blocks, most recent first.

@@ -29,7 +29,7 @@
 //! the cap twice), and the heap peak is at
 //! most [`parse_cost_bound`]: three times the body (a JSON-escaped string is
 //! unescaped into serde_json's growing scratch buffer and may be copied
-//! once), the hash vector, and the value budget.
+//! once), the hash vector and its sub-block checkpoints, and the value budget.
 //!
 //! # Canonical prompt
 //!
@@ -96,7 +96,8 @@ mod json_budget;
 mod tests;
 
 use crate::config::PrefixConfig;
-use crate::prefix::block::{seed, seed_with_tools, BlockHasher};
+use crate::prefix::block::{seed, seed_with_tools, BlockHasher, Leaves, PromptHashes};
+use crate::prefix::Prompt;
 use json_budget::Budget;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
@@ -141,9 +142,30 @@ pub struct InferenceRequest {
     /// Chained hashes of the full blocks of the canonical prompt (capped at
     /// `PrefixConfig::max_blocks`). Block 0 is seeded with model and salt.
     pub blocks: Vec<u64>,
+    /// Sub-block checkpoints of the canonical prompt: its leaf (where it
+    /// ends mid-block) and what the next turn matches against it (see
+    /// [`Leaves`]).
+    pub leaves: Leaves,
 }
 
 impl InferenceRequest {
+    /// The request as the router sees it: blocks and checkpoints.
+    pub fn prompt(&self) -> Prompt<'_> {
+        Prompt {
+            blocks: &self.blocks,
+            leaves: Some(&self.leaves),
+        }
+    }
+
+    /// What routing this request teaches the prefix index (and what the
+    /// decision log carries): its block hashes, then its leaf if it has one.
+    pub fn learned(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.blocks.len() + 1);
+        out.extend_from_slice(&self.blocks);
+        out.extend(self.leaves.leaf());
+        out
+    }
+
     /// Approximate prompt tokens (`prompt_bytes / bytes_per_token`, at least 1).
     pub fn prompt_tokens(&self, cfg: &PrefixConfig) -> u64 {
         ((self.prompt_bytes / cfg.bytes_per_token.max(1)) as u64).max(1)
@@ -186,13 +208,14 @@ impl std::error::Error for RequestError {}
 /// The most heap [`parse`] allocates for a body of `body_len` bytes (the
 /// body itself not included): three times the body (a string with escapes
 /// is unescaped into serde_json's scratch buffer, which may grow to twice
-/// its length, and may be copied out once), the block hashes, the
+/// its length, and may be copied out once), the block hashes and their
+/// checkpoints (8 + 24 bytes per block, twice for a growing vector), the
 /// `tools`/`tool_calls` value budget and a fixed allowance. The
 /// bound `tests/hostile_bodies.rs` holds every hostile shape to, and the
 /// per-request term of the VM memory bound in docs/ARCHITECTURE.md.
 pub fn parse_cost_bound(body_len: usize, cfg: &PrefixConfig) -> usize {
     3 * body_len
-        + 16 * cfg.max_blocks()
+        + 64 * cfg.max_blocks()
         + cfg.block_bytes()
         + json_budget::BYTES_PER_NODE * cfg.max_json_nodes
         + (64 << 10)
@@ -248,12 +271,14 @@ pub fn parse(
         prompt_bytes += tools.bytes;
         lead = tools.bytes.checked_div(cfg.block_bytes()).unwrap_or(0);
     }
+    let PromptHashes { blocks, leaves } = h.finish_prompt(seed, lead);
     Ok(InferenceRequest {
         model: model.into_owned(),
         cache_salt: salt.map(Cow::into_owned),
         stream: body.stream.unwrap_or(false),
         prompt_bytes,
-        blocks: h.finish(seed, lead),
+        blocks,
+        leaves,
     })
 }
 

@@ -329,6 +329,61 @@ fn chat_turn_n_plus_one_extends_turn_n() {
 }
 
 #[test]
+fn each_turn_finds_the_previous_turns_leaf() {
+    for tools in [false, true] {
+        for cfg in [
+            PrefixConfig::default(),
+            PrefixConfig {
+                block_tokens: 16,
+                ..PrefixConfig::default()
+            },
+        ] {
+            let reqs: Vec<_> = conversation_turns(tools)
+                .iter()
+                .map(|t| parse(CHAT, t.as_bytes(), &cfg).unwrap())
+                .collect();
+            let mut leaves = 0;
+            for w in reqs.windows(2) {
+                let k = w[0].blocks.len();
+                let learned = w[0].learned();
+                assert_eq!(learned[..k], w[0].blocks[..]);
+                let Some(leaf) = w[0].leaves.leaf() else {
+                    assert_eq!(learned.len(), k);
+                    continue;
+                };
+                leaves += 1;
+                assert_eq!(learned[k..], [leaf]);
+                assert!(
+                    w[1].prompt().leaves.unwrap().at(k).any(|(_, h)| h == leaf),
+                    "tools={tools} {cfg:?} turn of {k} blocks"
+                );
+                // Never a block of the next turn.
+                assert!(!w[1].blocks.contains(&leaf));
+            }
+            assert!(leaves >= 2, "tools={tools} {cfg:?}: {leaves} leaves");
+        }
+    }
+    // A turn shorter than a block: no block, yet a leaf to learn.
+    let short = parse(
+        CHAT,
+        br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        &PrefixConfig::default(),
+    )
+    .unwrap();
+    assert!(short.blocks.is_empty());
+    assert_eq!(
+        short.leaves.leaf_sixteenths(),
+        1,
+        "18 bytes: one 16-byte piece"
+    );
+    assert_eq!(short.learned().len(), 1);
+    // One byte per block: no room for checkpoints, no leaf.
+    let b = p(CHAT, &conversation_turns(false)[0]).unwrap();
+    assert_eq!(b.leaves.leaf(), None);
+    assert_eq!(b.learned(), b.blocks);
+}
+
+#[test]
 fn completions_continuation_extends_prefix() {
     let mut prompt = String::from("User: hello\nAssistant:");
     let mut ids: Vec<u32> = vec![128000, 1, 2, 3];

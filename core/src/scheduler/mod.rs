@@ -76,12 +76,24 @@ pub struct Candidate {
     pub healthy: bool,
     /// Leading blocks of the request this endpoint holds.
     pub matched_blocks: usize,
+    /// Fraction (0 to 15/16, in sixteenths) of the block after
+    /// `matched_blocks` it also holds: a leaf left by an earlier request
+    /// that ended inside that block (`prefix::PrefixMatch`). Always less
+    /// than a block; 0 for every full-block-only match.
+    pub partial_block: f64,
     /// kvroute's own outstanding work on the endpoint.
     pub inflight: InFlight,
     /// When kvroute last picked this endpoint (ms), if ever.
     pub last_picked_ms: Option<u64>,
     /// Predicted TTFT of the request here (`predicted_ttft` profile only).
     pub prediction: Option<Prediction>,
+}
+
+impl Candidate {
+    /// Matched blocks, the partial block included.
+    pub fn matched(&self) -> f64 {
+        self.matched_blocks as f64 + self.partial_block
+    }
 }
 
 /// What the scheduler needs to know of the request itself.
@@ -210,11 +222,10 @@ impl Scheduler {
         // Cold: no live endpoint holds a prefix (not merely none that passed
         // the load filters: a hot sticky endpoint dropped by a filter makes
         // a load decision, not a cold one).
-        let cold = req.total_blocks == 0
-            || candidates
-                .iter()
-                .filter(|c| c.healthy || fallback)
-                .all(|c| c.matched_blocks == 0);
+        let cold = candidates
+            .iter()
+            .filter(|c| c.healthy || fallback)
+            .all(|c| (req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0);
         let w = &self.config.weights;
         let weight_sum = spec
             .scorers
@@ -245,14 +256,13 @@ impl Scheduler {
         let longest = candidates
             .iter()
             .filter(|c| c.healthy || fallback)
-            .map(|c| c.matched_blocks)
-            .max()
-            .unwrap_or(0);
+            .map(Candidate::matched)
+            .fold(0.0, f64::max);
         let reason = if fallback {
             Reason::Fallback
         } else if cold {
             Reason::Cold
-        } else if chosen.matched_blocks > 0 && chosen.matched_blocks >= longest {
+        } else if chosen.matched() > 0.0 && chosen.matched() >= longest {
             Reason::Prefix
         } else {
             Reason::Load
@@ -311,6 +321,7 @@ pub(crate) mod test_support {
             }),
             healthy: true,
             matched_blocks: 0,
+            partial_block: 0.0,
             inflight: InFlight::default(),
             last_picked_ms: None,
             prediction: None,

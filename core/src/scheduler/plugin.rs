@@ -108,21 +108,20 @@ pub fn effective_queue(c: &Candidate) -> Option<f64> {
     Some(waiting + excess)
 }
 
-/// Prefix score of one candidate: matched blocks / request blocks, 0..1
-/// (0 when the request has no blocks).
+/// Prefix score of one candidate: matched blocks (a partial block
+/// included) / request blocks, 0..1 (0 when nothing matches; a request
+/// shorter than one block counts as one block for its partial match).
 pub fn prefix_fraction(req: &RequestFacts, c: &Candidate) -> f64 {
-    if req.total_blocks == 0 {
+    let matched = c.matched_blocks.min(req.total_blocks) as f64 + c.partial_block;
+    if matched.is_nan() || matched <= 0.0 {
         return 0.0;
     }
-    c.matched_blocks.min(req.total_blocks) as f64 / req.total_blocks as f64
+    (matched / req.total_blocks.max(1) as f64).min(1.0)
 }
 
 /// Prompt tokens the candidate would still have to prefill for this
 /// request: the unmatched fraction of `prompt_tokens`.
 pub fn uncached_tokens(req: &RequestFacts, c: &Candidate) -> f64 {
-    if req.total_blocks == 0 {
-        return req.prompt_tokens as f64;
-    }
     req.prompt_tokens as f64 * (1.0 - prefix_fraction(req, c))
 }
 

@@ -20,8 +20,16 @@
 //! u64 seq
 //! u64 at_ms
 //! u32 n
-//! n x u64 block hashes
+//! n x u64 hashes to record: the request's block hashes, then its leaf
+//!           (`prefix::Leaves`) when its prompt ends mid-block
 //! ```
+//!
+//! The leaf is one more hash to record, so the format did not change with
+//! it. The block hashes themselves did (`prefix/v3`: the chain runs over
+//! quarter blocks): during a rolling upgrade, entries of the other version
+//! are recorded but never match, and age out of the LRU; keeping version 2
+//! keeps replicas of both versions sharing in-flight counts (a peer answer
+//! with one undecodable entry is dropped whole).
 //!
 //! Decoding checks everything (version, family, port, exact length) and
 //! returns `None` on any mismatch, so garbage, a torn or foreign value, or a
@@ -44,7 +52,8 @@ pub struct LogEntry {
     pub endpoint: Endpoint,
     /// When the decision was made (ms, the filter's clock).
     pub at_ms: u64,
-    /// The request's chained block hashes.
+    /// The request's chained block hashes, then its leaf if it has one
+    /// (`InferenceRequest::learned`): what the index records.
     pub blocks: Vec<u64>,
     /// Learned from another gateway (not routed here).
     pub from_peer: bool,

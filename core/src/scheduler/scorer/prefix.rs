@@ -4,8 +4,10 @@
 //! part of the request's prompt in its KV cache (llm-d's
 //! `prefix-cache-scorer`, default weight 3).
 //!
-//! **Formula**: `score = matched_blocks / total_blocks` (0 when the request
-//! has no blocks; `matched_blocks` is capped at `total_blocks`).
+//! **Formula**: `score = (matched_blocks + partial_block) / max(total_blocks,
+//! 1)`, capped at 1 (`matched_blocks` is capped at `total_blocks`;
+//! `partial_block`, a leaf in the next block, is below 1; 0 when nothing
+//! matches).
 //!
 //! **Inputs**: `Candidate::matched_blocks` (from kvroute's prefix index,
 //! which learns from each decision immediately), `RequestFacts::
