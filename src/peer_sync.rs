@@ -116,7 +116,8 @@ pub fn take_answer(
             answer.entries,
             &answer.inflight,
             state.router.pool(),
-            state.config().prefix.max_blocks(),
+            // The blocks, and a leaf after them (short prompts).
+            state.config().prefix.max_blocks() + 1,
         );
         state.stats.add(Counter::PeerDropped, intake.dropped);
         state.stats.add(Counter::PeerSkipped, answer.skipped);

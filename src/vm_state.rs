@@ -13,6 +13,7 @@ use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
 use kvroute_core::outlier::{Outcome, OutlierTable};
 use kvroute_core::peer::table::PeerLoad;
+use kvroute_core::prefix::Prompt;
 use kvroute_core::request::InferenceRequest;
 use kvroute_core::router::Router;
 use kvroute_core::scheduler::Decision;
@@ -151,14 +152,15 @@ impl VmState {
     /// not an inference request): decide, learn, publish, count.
     pub fn route(&mut self, request: Option<&InferenceRequest>, now_ms: u64) -> Option<Routed> {
         self.replay_log();
-        let (blocks, prompt_tokens) = match request {
-            Some(r) => (&r.blocks[..], r.prompt_tokens(&self.config().prefix)),
-            None => (&[][..], 0),
+        let (prompt, prompt_tokens) = match request {
+            Some(r) => (r.prompt(), r.prompt_tokens(&self.config().prefix)),
+            None => (Prompt::default(), 0),
         };
+        let blocks = prompt.blocks;
         let inflight = self.store.inflight();
         let peer_load = &self.peer_load;
         let decision = self.router.decide(
-            blocks,
+            prompt,
             prompt_tokens,
             &self.states,
             &self.outliers,
@@ -178,16 +180,17 @@ impl VmState {
         if request.is_some() {
             self.router.routed(tokens);
         }
-        self.router.learn(endpoint, blocks, now_ms);
+        self.router.learn(endpoint, prompt, now_ms);
         // Other workers only need decisions that teach the prefix index
         // (in-flight counts, which spread everything else, are shared anyway).
-        if !blocks.is_empty() {
+        let learned = request.map(InferenceRequest::learned).unwrap_or_default();
+        if !learned.is_empty() {
             let entry = LogEntry {
                 from_peer: false,
                 seq: 0,
                 endpoint,
                 at_ms: now_ms,
-                blocks: blocks.to_vec(),
+                blocks: learned,
             };
             if let Some(seq) = self.store.append_log(entry) {
                 self.own_seqs.insert(seq);

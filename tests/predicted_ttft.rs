@@ -91,7 +91,9 @@ fn predictions_are_visible_learnt_and_steer_away_from_a_slow_pod() {
         learnt.iter().any(|(_, _, r)| (*r - 0.1).abs() > 1e-3),
         "nothing learnt: {learnt:?}"
     );
-    assert!(rate(0) > 2.0 * rate(1).max(rate(2)), "{learnt:?}");
+    // The slow pod is learnt the slowest (its factor over the fleet).
+    assert!(rate(0) > rate(1).max(rate(2)), "{learnt:?}");
+    assert!(rate(0) > 1.5 * rate(1).min(rate(2)), "{learnt:?}");
 
     // New requests now avoid the slow pod.
     let before = sim.state(0)["requests_served"].as_u64().unwrap_or(0);

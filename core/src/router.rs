@@ -187,8 +187,9 @@ impl Router {
     fn predict(&self, candidates: &mut [Candidate], prompt_tokens: u64) {
         let block_tokens = self.config.prefix.block_tokens as u64;
         for c in candidates {
-            let cached = c.matched_blocks as u64 * block_tokens;
-            let uncached = prompt_tokens.saturating_sub(cached) as f64;
+            // A leaf match (part of a block) counts for its part.
+            let cached = c.matched() * block_tokens as f64;
+            let uncached = (prompt_tokens as f64 - cached).max(0.0);
             let ahead = self.ahead_tokens(c.snapshot, c.inflight);
             // Decoding there: the engine's count, or kvroute's requests
             // past their first byte if more.
