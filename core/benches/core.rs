@@ -36,7 +36,7 @@ const BODY_SIZES: [(&str, usize); 3] = [
 ];
 
 /// Pool sizes the issue names for decision time.
-const POOL_SIZES: [usize; 3] = [8, 64, 256];
+const POOL_SIZES: [usize; 4] = [8, 64, 256, 1024];
 
 /// Blocks in the request whose decision is timed (a 16 KiB prompt at the
 /// default 256 bytes per block).
@@ -208,7 +208,7 @@ fn bench_index(c: &mut Criterion) {
     g.finish();
 }
 
-/// `Router::decide` over pools of 8, 64 and 256 endpoints with a populated
+/// `Router::decide` over pools of 8, 64, 256 and 1024 endpoints with a populated
 /// index (each endpoint holds 4096 blocks) and fresh scrape states; the
 /// request shares its first half with one endpoint's resident conversation.
 fn bench_decide(c: &mut Criterion) {

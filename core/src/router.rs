@@ -131,25 +131,30 @@ impl Router {
         let matches = self.index.longest_prefix_with_leaves(prompt);
         let metrics = &self.config.metrics;
         let stalled = self.stalled(states, &inflight, now_ms);
+        // A binary search per candidate, not a scan: no longer quadratic in the pool.
+        let mut by_endpoint: Vec<_> = matches.iter().collect();
+        by_endpoint.sort_unstable_by_key(|m| m.endpoint);
+        let find = |e: &Endpoint| {
+            by_endpoint
+                .binary_search_by_key(e, |m| m.endpoint)
+                .ok()
+                .map(|i| by_endpoint[i])
+        };
+        let aligned = states.aligned(&self.pool);
         let mut candidates: Vec<Candidate> = self
             .pool
             .iter()
-            .map(|&endpoint| {
-                let state = states.get(endpoint);
+            .zip(aligned)
+            .map(|(&endpoint, state)| {
+                let matched = find(&endpoint);
                 Candidate {
                     endpoint,
                     snapshot: state.fresh(now_ms, metrics.stale_after_ms),
                     healthy: state.healthy(metrics.unhealthy_after_failures)
                         && !outliers.ejected(endpoint, now_ms)
                         && !stalled.contains(&endpoint),
-                    matched_blocks: matches
-                        .iter()
-                        .find(|m| m.endpoint == endpoint)
-                        .map_or(0, |m| m.blocks),
-                    partial_block: matches
-                        .iter()
-                        .find(|m| m.endpoint == endpoint)
-                        .map_or(0.0, |m| m.partial()),
+                    matched_blocks: matched.map_or(0, |m| m.blocks),
+                    partial_block: matched.map_or(0.0, |m| m.partial()),
                     inflight: inflight(endpoint),
                     last_picked_ms: self.last_picked.get(&endpoint).copied(),
                     prediction: None,

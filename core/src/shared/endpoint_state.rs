@@ -38,18 +38,34 @@ impl ScrapeState {
 /// Scrape state of the whole pool, keyed by endpoint.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EndpointStates {
-    /// One entry per endpoint ever scraped and still in the pool.
+    /// One entry per endpoint ever scraped and still in the pool, sorted by
+    /// endpoint (lookups are binary searches: a decision reads every
+    /// endpoint's state, so a linear search made it quadratic in the pool).
     pub entries: Vec<(Endpoint, ScrapeState)>,
 }
 
 impl EndpointStates {
     /// The state of `endpoint` (default when never scraped).
     pub fn get(&self, endpoint: Endpoint) -> ScrapeState {
-        self.entries
-            .iter()
-            .find(|(e, _)| *e == endpoint)
-            .map(|(_, s)| s.clone())
-            .unwrap_or_default()
+        match self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
+            Ok(i) => self.entries[i].1.clone(),
+            Err(_) => ScrapeState::default(),
+        }
+    }
+
+    /// The state of each endpoint of `pool` (sorted, as `Router::pool`), in
+    /// its order: one merge pass over both sorted lists.
+    pub fn aligned(&self, pool: &[Endpoint]) -> Vec<ScrapeState> {
+        let mut entries = self.entries.iter().peekable();
+        pool.iter()
+            .map(|e| {
+                while entries.next_if(|(x, _)| x < e).is_some() {}
+                match entries.peek() {
+                    Some((x, s)) if x == e => s.clone(),
+                    _ => ScrapeState::default(),
+                }
+            })
+            .collect()
     }
 
     /// Records a successful scrape.
@@ -101,15 +117,16 @@ impl EndpointStates {
 
     /// Drops endpoints that left the pool (keeps the value bounded).
     pub fn retain(&mut self, pool: &[Endpoint]) {
-        self.entries.retain(|(e, _)| pool.contains(e));
+        let members: hashbrown::HashSet<&Endpoint> = pool.iter().collect();
+        self.entries.retain(|(e, _)| members.contains(e));
     }
 
     fn entry(&mut self, endpoint: Endpoint) -> &mut ScrapeState {
-        let i = match self.entries.iter().position(|(e, _)| *e == endpoint) {
-            Some(i) => i,
-            None => {
-                self.entries.push((endpoint, ScrapeState::default()));
-                self.entries.len() - 1
+        let i = match self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
+            Ok(i) => i,
+            Err(i) => {
+                self.entries.insert(i, (endpoint, ScrapeState::default()));
+                i
             }
         };
         &mut self.entries[i].1
@@ -122,7 +139,11 @@ impl EndpointStates {
 
     /// Decodes [`EndpointStates::encode`]'s output; garbage gives `None`.
     pub fn decode(bytes: &[u8]) -> Option<EndpointStates> {
-        serde_json::from_slice(bytes).ok()
+        let mut states: EndpointStates = serde_json::from_slice(bytes).ok()?;
+        // Written sorted; a value from an older build may not be.
+        states.entries.sort_by_key(|e| e.0);
+        states.entries.dedup_by(|a, b| a.0 == b.0);
+        Some(states)
     }
 }
 
@@ -134,6 +155,31 @@ mod tests {
 
     fn ep(s: &str) -> Endpoint {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn aligned_matches_get_for_every_pool_member() {
+        let mut t = EndpointStates::default();
+        for (i, e) in ["10.0.0.9:80", "10.0.0.1:80", "[::1]:80", "10.0.0.5:80"]
+            .iter()
+            .enumerate()
+        {
+            t.succeed(ep(e), MetricsSnapshot::default(), i as u64 + 1);
+        }
+        let mut pool: Vec<Endpoint> = [
+            "10.0.0.1:80",
+            "10.0.0.2:80",
+            "10.0.0.9:80",
+            "[::1]:80",
+            "[::2]:80",
+        ]
+        .iter()
+        .map(|e| ep(e))
+        .collect();
+        pool.sort();
+        let want: Vec<ScrapeState> = pool.iter().map(|e| t.get(*e)).collect();
+        assert_eq!(t.aligned(&pool), want);
+        assert_eq!(t.aligned(&[]), vec![]);
     }
 
     #[test]
