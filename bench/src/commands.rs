@@ -450,6 +450,68 @@ struct Settings<'a, W: Serialize> {
     peer_sync: String,
 }
 
+/// One comparison run: every arm on every workload, a plot per workload, and the
+/// results JSON rewritten after each workload (a long run cut short keeps what it
+/// measured). Shared by `matrix` and `replicas`.
+struct Comparison<'a, A: Serialize> {
+    command: &'static str,
+    args: &'a A,
+    name: &'a str,
+    fleet: &'a FleetArgs,
+    workload: &'a WorkloadArgs,
+}
+
+impl<A: Serialize> Comparison<'_, A> {
+    async fn run(
+        &self,
+        workloads: &[Workload],
+        arms: &[Arm],
+        tools: &Tools,
+        title: impl Fn(Workload, &Experiment, &Trace) -> String,
+    ) -> Result<Vec<RunResult>> {
+        let available = Available::check(arms, tools);
+        let out_dir = self.fleet.out_dir();
+        let mut all = Vec::new();
+        let mut kv = Vec::new();
+        let mut saturation_model = None;
+        for &w in workloads {
+            let trace = self.fleet.cut(self.workload.trace(w));
+            let e = self.fleet.experiment(w, &trace, self.workload);
+            kv.push((w.name().to_string(), e.sim.kv_blocks));
+            if w == Workload::Saturation {
+                saturation_model = Some(note_saturation(self.fleet, &trace, self.workload, &e));
+            }
+            let results = compare(w, &trace, arms, &e, tools, &available).await;
+            std::fs::create_dir_all(&out_dir)?;
+            let svg = out_dir.join(format!("{}-{}.svg", self.name, w.name()));
+            if let Err(err) = crate::plot::plot(&svg, &title(w, &e, &trace), &results) {
+                eprintln!("plot {}: {err:#}", svg.display());
+            }
+            all.extend(results);
+            let file = ResultsFile {
+                command: self.command,
+                argv: std::env::args().collect(),
+                finished_unix: unix_now(),
+                machine: machine(),
+                settings: Settings {
+                    args: self.args,
+                    kv_blocks_per_workload: kv.clone(),
+                    saturation_model,
+                    sglang_router: if arms.iter().any(|a| a.router.is_sglang()) {
+                        sglang_note(&available.sglang)
+                    } else {
+                        "not used".into()
+                    },
+                    peer_sync: sync_note(arms),
+                },
+                results: &all,
+            };
+            write_json(&out_dir.join(format!("{}.json", self.name)), &file)?;
+        }
+        Ok(all)
+    }
+}
+
 /// `kvroute-bench matrix`.
 pub async fn matrix(a: &MatrixArgs) -> Result<()> {
     let tools = Tools::new(&a.fleet.root)?;
@@ -464,49 +526,24 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
         a.routers.clone()
     };
     let arms = a.topology.arms(&routers);
-    let available = Available::check(&arms, &tools);
     let out_dir = a.fleet.out_dir();
     let t0 = Instant::now();
-    let mut all = Vec::new();
-    let mut kv = Vec::new();
-    let mut saturation_model = None;
-    for w in workloads {
-        let trace = a.fleet.cut(a.workload.trace(w));
-        let e = a.fleet.experiment(w, &trace, &a.workload);
-        kv.push((w.name().to_string(), e.sim.kv_blocks));
-        if w == Workload::Saturation {
-            saturation_model = Some(note_saturation(&a.fleet, &trace, &a.workload, &e));
-        }
-        let results = compare(w, &trace, &arms, &e, &tools, &available).await;
-        let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
-        std::fs::create_dir_all(&out_dir)?;
-        let title = format!(
+    let run = Comparison {
+        command: "matrix",
+        args: a,
+        name: &a.name,
+        fleet: &a.fleet,
+        workload: &a.workload,
+    };
+    run.run(&workloads, &arms, &tools, |w, e, trace| {
+        format!(
             "{}: {} pods, {} requests (kvroute-bench matrix)",
             w.name(),
             e.sim.pods,
             trace.requests()
-        );
-        if let Err(err) = crate::plot::plot(&svg, &title, &results) {
-            eprintln!("plot {}: {err:#}", svg.display());
-        }
-        all.extend(results);
-        let file = ResultsFile {
-            command: "matrix",
-            argv: std::env::args().collect(),
-            finished_unix: unix_now(),
-            machine: machine(),
-            settings: Settings {
-                args: a,
-                kv_blocks_per_workload: kv.clone(),
-                saturation_model,
-                sglang_router: sglang_note(&available.sglang),
-                peer_sync: sync_note(&arms),
-            },
-            results: &all,
-        };
-        // Written after every workload, so a long matrix cut short keeps what it measured.
-        write_json(&out_dir.join(format!("{}.json", a.name)), &file)?;
-    }
+        )
+    })
+    .await?;
     println!(
         "\nmatrix done in {:.0} s: {} and {}-<workload>.svg",
         t0.elapsed().as_secs_f64(),
@@ -522,49 +559,26 @@ pub async fn matrix(a: &MatrixArgs) -> Result<()> {
 pub async fn replicas(a: &ReplicasArgs) -> Result<()> {
     let tools = Tools::new(&a.fleet.root)?;
     let arms = a.arms();
-    let available = Available::check(&arms, &tools);
     let out_dir = a.fleet.out_dir();
     let t0 = Instant::now();
-    let mut all = Vec::new();
-    let mut kv = Vec::new();
-    let mut saturation_model = None;
-    for &w in &a.workloads {
-        let trace = a.fleet.cut(a.workload.trace(w));
-        let e = a.fleet.experiment(w, &trace, &a.workload);
-        kv.push((w.name().to_string(), e.sim.kv_blocks));
-        if w == Workload::Saturation {
-            saturation_model = Some(note_saturation(&a.fleet, &trace, &a.workload, &e));
-        }
-        let results = compare(w, &trace, &arms, &e, &tools, &available).await;
-        std::fs::create_dir_all(&out_dir)?;
-        let svg = out_dir.join(format!("{}-{}.svg", a.name, w.name()));
-        let title = format!(
-            "{}: {} pods, {} requests, 1 vs {} gateway replicas (kvroute-bench replicas)",
-            w.name(),
-            e.sim.pods,
-            trace.requests(),
-            a.replicas
-        );
-        if let Err(err) = crate::plot::plot(&svg, &title, &results) {
-            eprintln!("plot {}: {err:#}", svg.display());
-        }
-        all.extend(results);
-        let file = ResultsFile {
-            command: "replicas",
-            argv: std::env::args().collect(),
-            finished_unix: unix_now(),
-            machine: machine(),
-            settings: Settings {
-                args: a,
-                kv_blocks_per_workload: kv.clone(),
-                saturation_model,
-                sglang_router: "not used".into(),
-                peer_sync: sync_note(&arms),
-            },
-            results: &all,
-        };
-        write_json(&out_dir.join(format!("{}.json", a.name)), &file)?;
-    }
+    let run = Comparison {
+        command: "replicas",
+        args: a,
+        name: &a.name,
+        fleet: &a.fleet,
+        workload: &a.workload,
+    };
+    let all = run
+        .run(&a.workloads, &arms, &tools, |w, e, trace| {
+            format!(
+                "{}: {} pods, {} requests, 1 vs {} gateway replicas (kvroute-bench replicas)",
+                w.name(),
+                e.sim.pods,
+                trace.requests(),
+                a.replicas
+            )
+        })
+        .await?;
     println!("\n{}", replicas_summary(&all, a.router.name()));
     println!(
         "replicas done in {:.0} s: {} and {}-<workload>.svg",
