@@ -277,6 +277,24 @@ fn fake_peer(answers: Vec<(u16, Vec<u8>)>) -> (u16, Arc<AtomicUsize>) {
     (port, served)
 }
 
+/// A kvroute replica whose only peer is a fake one answering `answers`;
+/// the count of sync requests the fake peer served.
+fn replica_of_fake_peer(
+    pods: &[String],
+    answers: Vec<(u16, Vec<u8>)>,
+) -> (Envoy, Arc<AtomicUsize>) {
+    let (fake, served) = fake_peer(answers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let peers = format!("127.0.0.1:{fake}");
+    let envoy = Envoy::start_with(
+        pods,
+        config(),
+        2,
+        &["--peer-listen", &listen, "--peers", &peers],
+    );
+    (envoy, served)
+}
+
 #[test]
 fn a_hostile_peer_changes_nothing() {
     let sim = Sim::start(4, &[]);
@@ -328,20 +346,7 @@ fn a_hostile_peer_changes_nothing() {
             ),
         ),
     ];
-    let peer_ports = [free_port()];
-    let (fake, served) = fake_peer(hostile);
-    let listen = format!("127.0.0.1:{}", peer_ports[0]);
-    let envoy = Envoy::start_with(
-        &pods,
-        config(),
-        2,
-        &[
-            "--peer-listen",
-            &listen,
-            "--peers",
-            &format!("127.0.0.1:{fake}"),
-        ],
-    );
+    let (envoy, served) = replica_of_fake_peer(&pods, hostile);
     let start = Instant::now();
     while served.load(Ordering::SeqCst) < 40 {
         assert!(start.elapsed() < Duration::from_secs(10), "never asked");
@@ -374,18 +379,7 @@ fn a_hostile_peer_changes_nothing() {
         200,
         answer(vec![entry(pod(2), blocks, false)], InFlightTable::new()),
     )];
-    let (fake, served) = fake_peer(honest);
-    let envoy = Envoy::start_with(
-        &pods,
-        config(),
-        2,
-        &[
-            "--peer-listen",
-            &listen,
-            "--peers",
-            &format!("127.0.0.1:{fake}"),
-        ],
-    );
+    let (envoy, served) = replica_of_fake_peer(&pods, honest);
     let start = Instant::now();
     while served.load(Ordering::SeqCst) < 2 || envoy.stat("wasmcustom.kvroute.peer.learned") < 1.0 {
         assert!(start.elapsed() < Duration::from_secs(10), "never learned");

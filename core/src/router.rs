@@ -215,7 +215,9 @@ impl Router {
     /// A request was routed with `uncached` tokens to prefill (the mean
     /// request size of the TTFT model).
     pub fn routed(&mut self, uncached: u64) {
-        self.ttft.routed(uncached);
+        if self.config.scheduling.profile == Profile::PredictedTtft {
+            self.ttft.routed(uncached);
+        }
     }
 
     /// `endpoint` sent the first byte of a streaming response `ttft_ms`
