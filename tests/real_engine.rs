@@ -1,0 +1,179 @@
+//! kvroute in the real Envoy in front of real llama.cpp `llama-server` pods
+//! (issue 13): nothing here is simulated. Ground truth comes from the engines
+//! themselves: which pod computed a prompt and how much of it came from its
+//! prompt cache (`llamacpp:prompt_tokens_total`,
+//! `llamacpp:prompt_tokens_cached_total`, `usage.prompt_tokens_details`).
+
+#[path = "support/llama.rs"]
+mod llama;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use llama::{engine, LlamaServer};
+use serde_json::{json, Value};
+use support::{post_json, Envoy, Reply};
+
+const DEBUG: &str = "x-kvroute-debug";
+
+fn config() -> Value {
+    // Auto-detection must recognise llama.cpp's /metrics on its own.
+    json!({"debug_header": DEBUG})
+}
+
+/// The pod whose engine computed the last request: the one whose prompt
+/// counters moved since `before`.
+fn answered_by(pods: &[LlamaServer], before: &[(f64, f64)]) -> usize {
+    let moved: Vec<usize> = pods
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| {
+            let (a, c) = p.prompt_tokens();
+            a + c > before[*i].0 + before[*i].1
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        moved.len(),
+        1,
+        "exactly one engine must have answered: {moved:?}"
+    );
+    moved[0]
+}
+
+fn counters(pods: &[LlamaServer]) -> Vec<(f64, f64)> {
+    pods.iter().map(LlamaServer::prompt_tokens).collect()
+}
+
+fn cached_tokens(r: &Reply) -> u64 {
+    r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+fn prompt_tokens(r: &Reply) -> u64 {
+    r.json()["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
+}
+
+/// Waits until kvroute has scraped every pod's llama.cpp metrics.
+fn wait_for_scrapes(envoy: &Envoy) {
+    let start = Instant::now();
+    while envoy.stat("wasmcustom.kvroute.scrape.success") < 4.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "kvroute never scraped the engines:\n{}",
+            envoy.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn turn_two_lands_on_turn_one_pod_and_the_engine_reuses_its_cache() {
+    let Some(e) = engine() else { return };
+    let pods: Vec<LlamaServer> = (0..2)
+        .map(|_| LlamaServer::start(&e, 2, 4096, &[]))
+        .collect();
+    let endpoints: Vec<String> = pods.iter().map(LlamaServer::endpoint).collect();
+    let envoy = Envoy::start(&endpoints, config(), 2);
+    wait_for_scrapes(&envoy);
+    // Four conversations with their own ~700-token system prompts: a router
+    // blind to prefixes keeps turn 2 on turn 1's pod for all four 1 time in 16.
+    for c in 0..4 {
+        let tag = format!("conversation{c}");
+        let before = counters(&pods);
+        let t1 = post_json(&envoy.url("/v1/chat/completions"), &turn(&tag, 0));
+        assert_eq!(t1.status, 200, "{}", t1.body);
+        let pod1 = answered_by(&pods, &before);
+        let before = counters(&pods);
+        let t2 = post_json(&envoy.url("/v1/chat/completions"), &turn(&tag, 1));
+        assert_eq!(t2.status, 200, "{}", t2.body);
+        let pod2 = answered_by(&pods, &before);
+        let dbg = t2.header(DEBUG).unwrap_or_default();
+        assert_eq!(pod2, pod1, "{tag}: turn 2 left turn 1's engine ({dbg})");
+        assert!(
+            dbg.contains("reason=Prefix"),
+            "{tag}: not a prefix decision: {dbg}"
+        );
+        // The engine itself says the shared prefix was not computed again.
+        let (cached, total) = (cached_tokens(&t2), prompt_tokens(&t2));
+        assert!(
+            cached * 10 >= total * 8,
+            "{tag}: engine reused {cached} of {total} prompt tokens"
+        );
+        let engine_cached = pods[pod2].prompt_tokens().1 - before[pod2].1;
+        assert!(engine_cached >= cached as f64, "{engine_cached} < {cached}");
+    }
+    // Every scrape of the real /metrics was understood (auto-detected llama.cpp).
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.scrape.failure"),
+        0.0,
+        "{}",
+        envoy.log()
+    );
+}
+
+#[test]
+fn a_killed_engine_is_avoided_and_requests_keep_succeeding() {
+    let Some(e) = engine() else { return };
+    let mut pods: Vec<LlamaServer> = (0..2)
+        .map(|_| LlamaServer::start(&e, 2, 4096, &[]))
+        .collect();
+    let endpoints: Vec<String> = pods.iter().map(LlamaServer::endpoint).collect();
+    let envoy = Envoy::start(&endpoints, config(), 2);
+    wait_for_scrapes(&envoy);
+    let before = counters(&pods);
+    let t1 = post_json(&envoy.url("/v1/chat/completions"), &turn("doomed", 0));
+    assert_eq!(t1.status, 200, "{}", t1.body);
+    let dead = answered_by(&pods, &before);
+    let alive = 1 - dead;
+    pods[dead].kill();
+    // Turn 2 prefers the dead pod's prefix; Envoy's retry and then kvroute's
+    // health view must carry it and every later request to the live engine.
+    let before = pods[alive].prompt_tokens();
+    let mut served = 0;
+    for i in 0..6 {
+        let body = if i == 0 {
+            turn("doomed", 1)
+        } else {
+            turn(&format!("after{i}"), 0)
+        };
+        let r = post_json(&envoy.url("/v1/chat/completions"), &body);
+        assert_eq!(r.status, 200, "request {i} failed: {}", r.body);
+        served += 1;
+    }
+    let after = pods[alive].prompt_tokens();
+    assert!(
+        after.0 + after.1 > before.0 + before.1,
+        "the live engine computed nothing"
+    );
+    assert_eq!(served, 6);
+    // kvroute stopped choosing the dead pod once its scrapes failed.
+    std::thread::sleep(Duration::from_millis(500));
+    let r = post_json(&envoy.url("/v1/chat/completions"), &turn("doomed", 2));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let dbg = r.header(DEBUG).unwrap_or_default().to_string();
+    assert!(
+        dbg.starts_with(&format!("endpoint={}", endpoints[alive])),
+        "kvroute still chooses the dead engine: {dbg}"
+    );
+}
+
+/// Turn `turn` (0-based) of conversation `tag`: a system prompt of its own
+/// (~700 tokens), then the user/assistant turns so far; short answers.
+fn turn(tag: &str, turn: usize) -> Value {
+    let mut system = format!("You are assistant {tag}. ");
+    let mut i = 0;
+    while system.len() < 3_000 {
+        system.push_str(&format!("Rule {i} of {tag}: answer briefly and politely. "));
+        i += 1;
+    }
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        messages.push(json!({"role": "user", "content": format!("Question {t}: name a colour.")}));
+        if t < turn {
+            messages.push(json!({"role": "assistant", "content": format!("Colour {t}.")}));
+        }
+    }
+    json!({"model": "smollm2", "max_tokens": 4, "temperature": 0, "messages": messages})
+}
