@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::engine::{EngineArgs, EngineKind};
 use crate::experiment::{run_one, Experiment, RunResult};
 use crate::gateway::{Arm, Topology};
 use crate::procs::{SimSettings, Tools};
@@ -81,6 +82,9 @@ pub struct FleetArgs {
     /// Where results (JSON, SVG) are written.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub engine: EngineArgs,
 }
 
 fn parse_json_object(s: &str) -> std::result::Result<serde_json::Value, String> {
@@ -136,24 +140,32 @@ impl FleetArgs {
 
     fn experiment(&self, workload: Workload, trace: &Trace, w: &WorkloadArgs) -> Experiment {
         let kv_blocks = self.kv_blocks_for(workload, trace, w);
+        // Real engines run in real time; the sim compresses it.
+        let time_scale = if self.engine.real_time() {
+            1.0
+        } else {
+            self.time_scale
+        };
         Experiment {
             sim: SimSettings {
-                pods: self.pods,
+                pods: self.engine.pod_count(self.pods),
                 kv_blocks,
                 block_size: self.block_size,
                 max_num_seqs: self.max_num_seqs,
-                time_scale: self.time_scale,
+                time_scale,
                 seed: self.sim_seed,
             },
             run: RunSettings {
                 users: self.users,
                 rate: self.rate_for(workload, trace, w),
-                time_scale: self.time_scale,
+                time_scale,
                 block_size: self.block_size,
                 request_timeout: Duration::from_secs(self.request_timeout_s),
                 seed: w.seed,
                 ttft_slo_ms: self.ttft_slo_ms,
+                model: self.engine.model(),
             },
+            engine: self.engine.clone(),
             envoy_workers: self.envoy_workers,
             kvroute_config: self.kvroute_config.clone(),
         }
@@ -253,30 +265,38 @@ pub struct MatrixArgs {
     pub workload: WorkloadArgs,
 }
 
-/// Arguments of `kvroute-bench demo`.
+/// Arguments of `kvroute-bench demo`. Unset values take the defaults of the simulated
+/// demo or, with `--real`, of the real-engine demo (in brackets).
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub struct DemoArgs {
-    /// Simulated pods.
-    #[arg(long, default_value_t = 4)]
-    pub pods: usize,
-    /// Wall seconds per simulated second.
+    /// Real llama.cpp `llama-server` pods on CPU (SmolLM2-135M; `./build.sh demo --real`
+    /// builds them) instead of simulated ones.
+    #[arg(long)]
+    pub real: bool,
+    /// Pods [4; real 3].
+    #[arg(long)]
+    pub pods: Option<usize>,
+    /// Wall seconds per simulated second (sim only) [0.2].
     #[arg(long, default_value_t = 0.2)]
     pub time_scale: f64,
-    /// Concurrent users.
-    #[arg(long, default_value_t = 16)]
-    pub users: usize,
-    /// KV-cache blocks per pod: small enough that round robin must evict.
+    /// Concurrent users [16; real 6].
+    #[arg(long)]
+    pub users: Option<usize>,
+    /// KV-cache blocks per simulated pod: small enough that round robin must evict [4000].
     #[arg(long, default_value_t = 4000)]
     pub kv_blocks: usize,
-    /// Chat groups (distinct system prompts).
-    #[arg(long, default_value_t = 24)]
-    pub groups: usize,
-    /// Conversations per group.
-    #[arg(long, default_value_t = 3)]
-    pub users_per_group: usize,
-    /// Turns per conversation.
-    #[arg(long, default_value_t = 4)]
-    pub turns: usize,
+    /// Chat groups (distinct system prompts) [24; real 9].
+    #[arg(long)]
+    pub groups: Option<usize>,
+    /// Conversations per group [3; real 2].
+    #[arg(long)]
+    pub users_per_group: Option<usize>,
+    /// Turns per conversation [4; real 3].
+    #[arg(long)]
+    pub turns: Option<usize>,
+    /// System prompt tokens [3000; real 200, about 450 of SmolLM2's tokens].
+    #[arg(long)]
+    pub system_tokens: Option<usize>,
     /// Seed of the trace.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -286,6 +306,12 @@ pub struct DemoArgs {
     /// Repository root.
     #[arg(long, default_value_os_t = default_root())]
     pub root: PathBuf,
+    /// Where results (JSON, SVG) are written [ROOT/bench/results].
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub llama: crate::engine::LlamaArgs,
 }
 
 /// Arguments of `kvroute-bench replicas`.
@@ -382,15 +408,20 @@ async fn compare(
     available: &Available,
 ) -> Vec<RunResult> {
     let mut out = Vec::new();
+    let fleet = if e.engine.real_time() {
+        format!("{}, real time", e.engine.describe(e.sim.pods))
+    } else {
+        format!(
+            "{} pods x {} KV blocks, time scale {}",
+            e.sim.pods, e.sim.kv_blocks, e.sim.time_scale
+        )
+    };
     println!(
-        "\n== {} : {} sessions, {} requests, ~{}k prompt tokens; {} pods x {} KV blocks, time scale {}",
+        "\n== {} : {} sessions, {} requests, ~{}k prompt tokens; {fleet}",
         workload.name(),
         trace.sessions.len(),
         trace.requests(),
         trace.approx_prompt_tokens() / 1000,
-        e.sim.pods,
-        e.sim.kv_blocks,
-        e.sim.time_scale
     );
     for arm in arms {
         if let Some(why) = available.missing_for(arm) {
@@ -685,7 +716,8 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// `kvroute-bench demo`: round robin vs kvroute on a short multi-turn chat.
+/// `kvroute-bench demo`: round robin vs kvroute on a short multi-turn chat, on
+/// simulated pods or (`--real`) on real llama.cpp servers.
 pub async fn demo(a: &DemoArgs) -> Result<()> {
     use clap::Parser;
     #[derive(Parser)]
@@ -696,15 +728,29 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
         f: FleetArgs,
     }
     let Defaults { mut w, mut f } = Defaults::parse_from(["demo"]);
+    let pick =
+        |v: Option<usize>, sim: usize, real: usize| v.unwrap_or(if a.real { real } else { sim });
     w.seed = a.seed;
-    w.chat.chat_groups = a.groups;
-    w.chat.chat_users_per_group = a.users_per_group;
-    w.chat.chat_turns = a.turns;
-    f.pods = a.pods;
+    w.chat.chat_groups = pick(a.groups, 24, 9);
+    w.chat.chat_users_per_group = pick(a.users_per_group, 3, 2);
+    w.chat.chat_turns = pick(a.turns, 4, 3);
+    w.chat.chat_system_tokens = pick(a.system_tokens, 3000, 200);
+    f.pods = pick(a.pods, 4, 3);
+    f.users = pick(a.users, 16, 6);
     f.time_scale = a.time_scale;
-    f.users = a.users;
     f.kv_blocks = Some(a.kv_blocks);
     f.root = a.root.clone();
+    f.out_dir = a.out_dir.clone();
+    if a.real {
+        // CPU prefill is ~1000x slower than a GPU's: short questions and answers, no
+        // think time, and a prompt cache per pod that holds a few conversations.
+        w.chat.chat_question_tokens = 40;
+        w.chat.chat_answer_tokens = 16;
+        w.chat.chat_think_ms = 0;
+        f.engine.engine = EngineKind::Llama;
+        f.engine.llama = a.llama.clone();
+        f.ttft_slo_ms = 5000.0;
+    }
     let tools = Tools::new(&a.root)?;
     let trace = w.trace(Workload::Chat);
     let e = f.experiment(Workload::Chat, &trace, &w);
@@ -712,11 +758,29 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
     println!(
         "kvroute demo: multi-turn chat through Envoy round robin, then through kvroute in Envoy."
     );
-    println!(
-        "{} groups x {} users x {} turns, {}-token system prompts; {} simulated pods (fresh for each router) \
-         with {} KV blocks each; time scale {} (latencies in simulated ms).",
-        a.groups, a.users_per_group, a.turns, w.chat.chat_system_tokens, a.pods, a.kv_blocks, a.time_scale
-    );
+    if a.real {
+        println!(
+            "{} groups x {} users x {} turns, {}-token system prompts; {} (fresh for each router); \
+             real time, hit rate from the engines' own counters.",
+            w.chat.chat_groups,
+            w.chat.chat_users_per_group,
+            w.chat.chat_turns,
+            w.chat.chat_system_tokens,
+            f.engine.describe(f.pods)
+        );
+    } else {
+        println!(
+            "{} groups x {} users x {} turns, {}-token system prompts; {} simulated pods (fresh for each router) \
+             with {} KV blocks each; time scale {} (latencies in simulated ms).",
+            w.chat.chat_groups,
+            w.chat.chat_users_per_group,
+            w.chat.chat_turns,
+            w.chat.chat_system_tokens,
+            f.pods,
+            a.kv_blocks,
+            a.time_scale
+        );
+    }
     let arms = a
         .topology
         .arms(&[RouterKind::EnvoyRoundRobin, RouterKind::Kvroute]);
@@ -724,12 +788,14 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
     let results = compare(Workload::Chat, &trace, &arms, &e, &tools, &available).await;
     let out_dir = f.out_dir();
     std::fs::create_dir_all(&out_dir)?;
-    let svg = out_dir.join("demo.svg");
-    crate::plot::plot(
-        &svg,
-        "demo: multi-turn chat, round robin vs kvroute",
-        &results,
-    )?;
+    let stem = if a.real { "demo-real" } else { "demo" };
+    let svg = out_dir.join(format!("{stem}.svg"));
+    let title = if a.real {
+        "demo --real: multi-turn chat on 3 llama-server pods, round robin vs kvroute"
+    } else {
+        "demo: multi-turn chat, round robin vs kvroute"
+    };
+    crate::plot::plot(&svg, title, &results)?;
     let file = ResultsFile {
         command: "demo",
         argv: std::env::args().collect(),
@@ -737,21 +803,21 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
         machine: machine(),
         settings: Settings {
             args: a,
-            kv_blocks_per_workload: vec![("chat".into(), a.kv_blocks)],
+            kv_blocks_per_workload: vec![("chat".into(), e.sim.kv_blocks)],
             saturation_model: None,
             sglang_router: "not used".into(),
             peer_sync: sync_note(&arms),
         },
         results: &results,
     };
-    let json = out_dir.join("demo.json");
+    let json = out_dir.join(format!("{stem}.json"));
     write_json(&json, &file)?;
     let (rr, kvs) = results.split_first().expect("demo has rows");
     for kv in kvs {
         if rr.skipped.is_none() && kv.skipped.is_none() {
             println!(
                 "{}: hit rate {:.1}% vs {:.1}% for round robin ({:.0}% / {:.0}% of the theoretical max {:.1}%); \
-                 TTFT p50 {:.0} ms vs {:.0} ms ({:.1}x lower).",
+                 TTFT p50 {:.0} ms vs {:.0} ms ({:.1}x lower); {:.2} vs {:.2} requests/s.",
                 kv.router,
                 kv.hit_rate * 100.0,
                 rr.hit_rate * 100.0,
@@ -760,7 +826,9 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
                 kv.theoretical_max * 100.0,
                 kv.ttft_ms.p50,
                 rr.ttft_ms.p50,
-                rr.ttft_ms.p50 / kv.ttft_ms.p50.max(1e-9)
+                rr.ttft_ms.p50 / kv.ttft_ms.p50.max(1e-9),
+                kv.req_per_s,
+                rr.req_per_s
             );
         }
     }

@@ -10,11 +10,12 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::engine::{EngineArgs, Pods};
 use crate::gateway::{start_gateway, Arm};
 use crate::gateway_cost::{kvroute_counters, CostProbe, GatewayCost};
 use crate::measure::{cdf, imbalance, LatencyRecorder, Percentiles};
 use crate::pod_metrics::{read_counters, PodCounters, QueuePoller};
-use crate::procs::{start_sim, SimSettings, Tools};
+use crate::procs::{SimSettings, Tools};
 use crate::runner::{run, RunSettings};
 use crate::theory::{theoretical_max, RequestBlocks};
 use crate::trace::Trace;
@@ -70,7 +71,8 @@ pub struct RunResult {
     pub wall_s: f64,
     /// Requests served per pod.
     pub per_pod_requests: Vec<u64>,
-    /// max / mean of `per_pod_requests`.
+    /// max / mean of `per_pod_requests` (of the pods' prompt tokens for engines that do
+    /// not count requests).
     pub imbalance: f64,
     /// Peak `num_requests_waiting` per pod (polled every 100 ms wall).
     pub peak_queue: Vec<u64>,
@@ -126,8 +128,10 @@ impl RunResult {
 /// Settings shared by every experiment of a comparison.
 #[derive(Debug, Clone)]
 pub struct Experiment {
-    /// The simulated fleet.
+    /// The fleet: the sim's settings (`pods` and `time_scale` hold for every engine).
     pub sim: SimSettings,
+    /// Which engine the pods run, or existing endpoints.
+    pub engine: EngineArgs,
     /// How the trace is replayed.
     pub run: RunSettings,
     /// Envoy worker threads.
@@ -146,10 +150,18 @@ pub async fn run_one(
     label: &str,
 ) -> Result<RunResult> {
     let router = arm.router;
-    let sim = start_sim(&tools.sim, &e.sim, &tools.logs)?;
+    let pods = Pods::start(&e.engine, &e.sim, tools).await?;
+    // Pods shared with earlier rows: this row's prompts get a prefix of their own.
+    let salted;
+    let trace = if e.engine.shared_pods() {
+        salted = trace.salted(&format!("{label} {} {}", arm.name(), unix_nanos()));
+        &salted
+    } else {
+        trace
+    };
     let gw = start_gateway(
         arm,
-        &sim.pods,
+        &pods.addrs,
         tools,
         e.envoy_workers,
         e.kvroute_config.as_ref(),
@@ -159,7 +171,12 @@ pub async fn run_one(
         .timeout(Duration::from_secs(10))
         .no_proxy()
         .build()?;
-    let poller = QueuePoller::start(client.clone(), sim.pods.clone(), Duration::from_millis(100));
+    let counters_before = read_counters(&client, &pods.addrs).await?;
+    let poller = QueuePoller::start(
+        client.clone(),
+        pods.addrs.clone(),
+        Duration::from_millis(100),
+    );
     let pb = ProgressBar::new(trace.requests() as u64);
     pb.set_style(
         ProgressStyle::with_template(
@@ -185,7 +202,12 @@ pub async fn run_one(
     let cost = probe.finish(&gw, completed).await;
     // The sim updates counters at admission; give the last responses a moment to settle.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let counters = read_counters(&client, &sim.pods).await?;
+    let counters: Vec<PodCounters> = read_counters(&client, &pods.addrs)
+        .await?
+        .iter()
+        .zip(&counters_before)
+        .map(|(after, before)| after.since(before))
+        .collect();
     let mut router_stats = if kvroute {
         kvroute_counters(&gw.replica_admins()).await
     } else {
@@ -195,7 +217,7 @@ pub async fn run_one(
         *v = v.saturating_sub(stats_before.get(k).copied().unwrap_or(0));
     }
     drop(gw);
-    drop(sim);
+    drop(pods);
 
     let blocks: Vec<RequestBlocks> = exchanges.iter().map(|x| x.blocks.clone()).collect();
     let theory = theoretical_max(&blocks, e.sim.block_size);
@@ -235,6 +257,12 @@ pub async fn run_one(
     }
     let sim_s = wall.as_secs_f64() / e.sim.time_scale;
     let per_pod: Vec<u64> = counters.iter().map(|c| c.requests).collect();
+    // Engines that do not count requests (llama.cpp): balance of prompt tokens.
+    let balance: Vec<u64> = if per_pod.iter().all(|&r| r == 0) {
+        counters.iter().map(|c| c.query_tokens).collect()
+    } else {
+        per_pod.clone()
+    };
     let theoretical = theory.rate();
     Ok(RunResult {
         workload: trace.name.clone(),
@@ -263,7 +291,7 @@ pub async fn run_one(
         goodput_req_per_s: met as f64 / sim_s,
         ttft_p50_by_quarter: quarters,
         wall_s: wall.as_secs_f64(),
-        imbalance: imbalance(&per_pod),
+        imbalance: imbalance(&balance),
         per_pod_requests: per_pod,
         peak_queue,
         pod_counters: counters,
@@ -271,4 +299,11 @@ pub async fn run_one(
         cost: Some(cost),
         ttft_cdf: cdf(&ttft_samples, 200),
     })
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }

@@ -6,6 +6,7 @@
 
 pub mod admin_stats;
 pub mod commands;
+pub mod engine;
 pub mod experiment;
 pub mod gateway;
 pub mod gateway_cost;

@@ -32,6 +32,8 @@ pub struct RunSettings {
     pub seed: u64,
     /// TTFT objective, simulated ms (goodput in the report).
     pub ttft_slo_ms: f64,
+    /// Model name sent in requests.
+    pub model: String,
 }
 
 /// One request as the client saw it.
@@ -57,7 +59,7 @@ pub struct Exchange {
     pub blocks: RequestBlocks,
 }
 
-/// The model name sent in requests (the sim accepts any).
+/// The model name sent to the sim (it accepts any).
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
 struct Answer {
@@ -70,11 +72,12 @@ struct Answer {
 async fn complete(
     client: &reqwest::Client,
     url: &str,
+    model: &str,
     prompt: &str,
     max_tokens: u32,
 ) -> Result<Answer> {
     let body = serde_json::json!({
-        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
         "stream_options": {"include_usage": true}, "temperature": 0.0,
     });
     let t0 = Instant::now();
@@ -165,7 +168,7 @@ async fn run_session(
         let begun = Instant::now();
         let result = tokio::time::timeout(
             s.request_timeout,
-            complete(client, url, &history, step.max_tokens),
+            complete(client, url, &s.model, &history, step.max_tokens),
         )
         .await;
         let sim_ms = |d: Duration| d.as_secs_f64() * 1000.0 / s.time_scale;

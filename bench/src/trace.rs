@@ -42,6 +42,17 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// The same trace with every prompt beginning with `salt`: nothing of it matches
+    /// what a trace with another salt left in an engine's cache (rows that share
+    /// existing endpoints).
+    pub fn salted(&self, salt: &str) -> Trace {
+        let mut t = self.clone();
+        for s in &mut t.sessions {
+            s.prefix = format!("[{salt}] {}", s.prefix).into();
+        }
+        t
+    }
+
     /// Number of requests in the trace.
     pub fn requests(&self) -> usize {
         self.sessions.iter().map(|s| s.steps.len()).sum()
