@@ -758,29 +758,25 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
     println!(
         "kvroute demo: multi-turn chat through Envoy round robin, then through kvroute in Envoy."
     );
-    if a.real {
-        println!(
-            "{} groups x {} users x {} turns, {}-token system prompts; {} (fresh for each router); \
-             real time, hit rate from the engines' own counters.",
-            w.chat.chat_groups,
-            w.chat.chat_users_per_group,
-            w.chat.chat_turns,
-            w.chat.chat_system_tokens,
+    let fleet = if a.real {
+        format!(
+            "{} (fresh for each router); real time, hit rate from the engines' own counters",
             f.engine.describe(f.pods)
-        );
+        )
     } else {
-        println!(
-            "{} groups x {} users x {} turns, {}-token system prompts; {} simulated pods (fresh for each router) \
-             with {} KV blocks each; time scale {} (latencies in simulated ms).",
-            w.chat.chat_groups,
-            w.chat.chat_users_per_group,
-            w.chat.chat_turns,
-            w.chat.chat_system_tokens,
-            f.pods,
-            a.kv_blocks,
-            a.time_scale
-        );
-    }
+        format!(
+            "{} simulated pods (fresh for each router) with {} KV blocks each; time scale {} \
+             (latencies in simulated ms)",
+            f.pods, a.kv_blocks, a.time_scale
+        )
+    };
+    println!(
+        "{} groups x {} users x {} turns, {}-token system prompts; {fleet}.",
+        w.chat.chat_groups,
+        w.chat.chat_users_per_group,
+        w.chat.chat_turns,
+        w.chat.chat_system_tokens,
+    );
     let arms = a
         .topology
         .arms(&[RouterKind::EnvoyRoundRobin, RouterKind::Kvroute]);
