@@ -71,9 +71,7 @@ fn wait_for_scrapes(envoy: &Envoy) {
 #[test]
 fn turn_two_lands_on_turn_one_pod_and_the_engine_reuses_its_cache() {
     let Some(e) = engine() else { return };
-    let pods: Vec<LlamaServer> = (0..2)
-        .map(|_| LlamaServer::start(&e, 2, 4096, &[]))
-        .collect();
+    let pods: Vec<LlamaServer> = (0..2).map(|_| LlamaServer::start(&e, 2, 4096)).collect();
     let endpoints: Vec<String> = pods.iter().map(LlamaServer::endpoint).collect();
     let envoy = Envoy::start(&endpoints, config(), 2);
     wait_for_scrapes(&envoy);
@@ -116,9 +114,7 @@ fn turn_two_lands_on_turn_one_pod_and_the_engine_reuses_its_cache() {
 #[test]
 fn a_killed_engine_is_avoided_and_requests_keep_succeeding() {
     let Some(e) = engine() else { return };
-    let mut pods: Vec<LlamaServer> = (0..2)
-        .map(|_| LlamaServer::start(&e, 2, 4096, &[]))
-        .collect();
+    let mut pods: Vec<LlamaServer> = (0..2).map(|_| LlamaServer::start(&e, 2, 4096)).collect();
     let endpoints: Vec<String> = pods.iter().map(LlamaServer::endpoint).collect();
     let envoy = Envoy::start(&endpoints, config(), 2);
     wait_for_scrapes(&envoy);
@@ -131,7 +127,6 @@ fn a_killed_engine_is_avoided_and_requests_keep_succeeding() {
     // Turn 2 prefers the dead pod's prefix; Envoy's retry and then kvroute's
     // health view must carry it and every later request to the live engine.
     let before = pods[alive].prompt_tokens();
-    let mut served = 0;
     for i in 0..6 {
         let body = if i == 0 {
             turn("doomed", 1)
@@ -140,14 +135,12 @@ fn a_killed_engine_is_avoided_and_requests_keep_succeeding() {
         };
         let r = post_json(&envoy.url("/v1/chat/completions"), &body);
         assert_eq!(r.status, 200, "request {i} failed: {}", r.body);
-        served += 1;
     }
     let after = pods[alive].prompt_tokens();
     assert!(
         after.0 + after.1 > before.0 + before.1,
         "the live engine computed nothing"
     );
-    assert_eq!(served, 6);
     // kvroute stopped choosing the dead pod once its scrapes failed.
     std::thread::sleep(Duration::from_millis(500));
     let r = post_json(&envoy.url("/v1/chat/completions"), &turn("doomed", 2));

@@ -154,7 +154,7 @@ pub async fn run_one(
     // Pods shared with earlier rows: this row's prompts get a prefix of their own.
     let salted;
     let trace = if e.engine.shared_pods() {
-        salted = trace.salted(&format!("{label} {} {}", arm.name(), unix_nanos()));
+        salted = trace.salted(&format!("{label} {} {}", arm.name(), fastrand::u64(..)));
         &salted
     } else {
         trace
@@ -299,11 +299,4 @@ pub async fn run_one(
         cost: Some(cost),
         ttft_cdf: cdf(&ttft_samples, 200),
     })
-}
-
-fn unix_nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
 }

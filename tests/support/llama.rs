@@ -5,10 +5,10 @@
 //! instead of skipping it.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::support::{free_port, get, metric_value, try_get, TempDir};
+use crate::support::{free_port, get, log_file, metric_value, try_get, TempDir};
 
 /// The engine's binary and model, or `None` (with a note on stderr) when
 /// they are not configured and the engine is not required.
@@ -41,9 +41,8 @@ pub struct LlamaServer {
 
 impl LlamaServer {
     /// Starts a server with `slots` parallel slots (`-np`), `ctx` tokens of
-    /// context in all and one thread, plus `extra` arguments; waits for
-    /// `/health` (model loaded).
-    pub fn start(engine: &(PathBuf, PathBuf), slots: usize, ctx: usize, extra: &[&str]) -> Self {
+    /// context in all and one thread; waits for `/health` (model loaded).
+    pub fn start(engine: &(PathBuf, PathBuf), slots: usize, ctx: usize) -> Self {
         let dir = TempDir::new("llama");
         let log = dir.0.join("llama-server.log");
         let port = free_port();
@@ -51,11 +50,8 @@ impl LlamaServer {
             .args(["-m", engine.1.to_str().unwrap(), "--metrics", "-t", "1"])
             .args(["-np", &slots.to_string(), "-c", &ctx.to_string()])
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(extra)
-            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .stderr(Stdio::from(
-                std::fs::File::options().append(true).open(&log).unwrap(),
-            ))
+            .stdout(log_file(&log))
+            .stderr(log_file(&log))
             .spawn()
             .unwrap();
         let mut s = LlamaServer {

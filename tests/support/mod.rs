@@ -326,6 +326,18 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// A child's stdout or stderr appended to `log` (created if missing), so both
+/// streams interleave in one file.
+pub fn log_file(log: &Path) -> Stdio {
+    Stdio::from(
+        std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap(),
+    )
+}
+
 /// The real Envoy with kvroute, started through `./build.sh serve --no-build`.
 pub struct Envoy {
     child: Child,
@@ -418,10 +430,8 @@ impl Envoy {
                 vec!["--endpoints".to_string(), endpoints.join(",")]
             })
             .args(extra)
-            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .stderr(Stdio::from(
-                std::fs::File::options().append(true).open(&log).unwrap(),
-            ))
+            .stdout(log_file(&log))
+            .stderr(log_file(&log))
             .spawn()
             .unwrap();
         let start = Instant::now();
