@@ -87,6 +87,28 @@ pub struct Tools {
     pub work: PathBuf,
 }
 
+impl Tools {
+    /// The tree's release binaries, script and venv under `root`, with a
+    /// fresh work directory `<tmp>/kvroute-<tag>-<pid>`; fails when one is missing.
+    pub fn in_tree(root: &Path, tag: &str) -> Result<Tools> {
+        let work = std::env::temp_dir().join(format!("kvroute-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&work)?;
+        let tools = Tools {
+            sim: root.join("target/release/kvroute-sim"),
+            wasm: root.join("target/wasm32-wasip1/release/kvroute.wasm"),
+            python: root.join(".venv/bin/python"),
+            render: root.join("envoy/render.py"),
+            work,
+        };
+        for p in [&tools.sim, &tools.wasm, &tools.python, &tools.render] {
+            if !p.exists() {
+                bail!("{} not found: run ./build.sh build first", p.display());
+            }
+        }
+        Ok(tools)
+    }
+}
+
 /// Starts `kvroute-sim --pods N --no-latency --base-port P` and waits until
 /// every pod answers `/health`.
 pub fn start_sim(tools: &Tools, pods: u16, base_port: u16) -> Result<Child> {
