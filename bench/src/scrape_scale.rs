@@ -6,9 +6,9 @@
 //! tree's own kvroute build, extra `--wasm NAME=PATH` builds, and Envoy without
 //! the filter over the same N members) gets a fresh Envoy started the way
 //! `./build.sh serve --no-build` starts it (`envoy/render.py --run`, 2 workers),
-//! in front of the first N pods, with no traffic (idle: all that runs is
-//! kvroute's tick and scraper, and Envoy's own health checks, which the
-//! no-filter arm pays too). Per run:
+//! in front of the first N pods, idle by default (all that runs is kvroute's
+//! tick and scraper) or under `--load-rps` requests per second (the same for
+//! every arm, so the no-filter arm prices the requests themselves). Per run:
 //!
 //! 1. warm-up (`--warmup-secs`), then **Envoy CPU** (utime + stime from
 //!    `/proc/<pid>/stat`) over `--cpu-secs` without touching the admin API
@@ -28,8 +28,11 @@ use anyhow::{bail, Context as _, Result};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Arguments of `kvroute-bench scrape-scale`.
@@ -71,6 +74,11 @@ pub struct ScrapeScaleArgs {
     /// Leave out the Envoy-without-the-filter arm.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Requests per second sent through the listener during both windows
+    /// (`POST /v1/completions`, a 1 KiB prompt with a unique prefix, 1 token;
+    /// 0: idle). Every arm gets the same load.
+    #[arg(long, default_value_t = 0.0)]
+    pub load_rps: f64,
     /// Where the JSON goes (default: `<root>/bench/results`).
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
@@ -109,6 +117,10 @@ pub struct Run {
     pub samples: usize,
     /// Envoy's resident memory at the end of the run, MiB.
     pub envoy_rss_mib: f64,
+    /// Requests answered 200 per second by the `--load-rps` client.
+    pub load_requests_per_s: f64,
+    /// Load requests that failed (not 200, or no answer).
+    pub load_failed: u64,
     /// Admin reads (samples, counters) Envoy did not answer within 5 s.
     pub admin_timeouts: usize,
 }
@@ -207,6 +219,7 @@ pub fn run(args: &ScrapeScaleArgs) -> Result<()> {
             "cpu_secs": args.cpu_secs,
             "freshness_secs": args.freshness_secs,
             "sample_ms": args.sample_ms,
+            "load_rps": args.load_rps,
             "kvroute_config": extra,
             "arms": arms.iter().map(|a| json!({"name": a.name, "wasm": a.wasm})).collect::<Vec<_>>(),
             "sim": format!("kvroute-sim --pods {max_n} --no-latency --threads {}", args.workers),
@@ -286,6 +299,7 @@ fn measure(
     let admin = SocketAddr::from(([127, 0, 0, 1], listen + 1));
     std::thread::sleep(Duration::from_secs_f64(args.warmup_secs));
     envoy.check_alive()?;
+    let load = Load::start(listen, args.load_rps);
     let ticks = procs::clock_ticks();
     let scrapes0 = scrape_counters(admin);
     let (e0, s0, t0) = (
@@ -321,6 +335,7 @@ fn measure(
             std::thread::sleep(Duration::from_millis(args.sample_ms));
         }
     }
+    let (load_ok, load_failed, load_secs) = load.stop();
     envoy.check_alive()?;
     let rss = procs::rss_bytes(envoy.pid()).unwrap_or(0);
     drop(envoy);
@@ -344,10 +359,86 @@ fn measure(
         missing: if arm.wasm.is_some() { missing } else { 0 },
         samples,
         envoy_rss_mib: rss as f64 / (1024.0 * 1024.0),
+        load_requests_per_s: load_ok as f64 / load_secs.max(1e-9),
+        load_failed,
         admin_timeouts: admin_timeouts
             + usize::from(scrapes0.is_none())
             + usize::from(scrapes1.is_none()),
     })
+}
+
+/// The `--load-rps` client: one thread sending requests at a fixed rate.
+struct Load {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<(u64, u64)>>,
+    t0: Instant,
+}
+
+impl Load {
+    fn start(listen: u16, rps: f64) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = (rps > 0.0).then(|| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let addr = SocketAddr::from(([127, 0, 0, 1], listen));
+                let gap = Duration::from_secs_f64(1.0 / rps);
+                let (mut ok, mut failed) = (0, 0);
+                let mut next = Instant::now();
+                let filler = "lorem ipsum dolor sit amet ".repeat(38);
+                for i in 0u64.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let body = json!({
+                        "model": "m",
+                        "prompt": format!("{i:016x} {filler}"),
+                        "max_tokens": 1,
+                    })
+                    .to_string();
+                    match post(addr, "/v1/completions", &body) {
+                        Ok(200) => ok += 1,
+                        _ => failed += 1,
+                    }
+                    next += gap;
+                    if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+                (ok, failed)
+            })
+        });
+        Load {
+            stop,
+            handle,
+            t0: Instant::now(),
+        }
+    }
+
+    /// Stops the client: requests answered 200, failed, and seconds of load.
+    fn stop(self) -> (u64, u64, f64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let secs = self.t0.elapsed().as_secs_f64();
+        let (ok, failed) = self.handle.and_then(|h| h.join().ok()).unwrap_or((0, 0));
+        (ok, failed, secs)
+    }
+}
+
+/// A blocking `POST` of a JSON body; the response status.
+fn post(addr: SocketAddr, path: &str, body: &str) -> Result<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status line")
 }
 
 /// `kvroute.scrape.success` and `.failure` (0 when absent: no filter);
@@ -386,6 +477,7 @@ fn print_table(runs: &[Run]) {
         "missing",
         "admin timeouts",
         "Envoy RSS MiB",
+        "load req/s (failed)",
         "sim CPU ms/s",
     ]);
     // Pool sizes in order, arms in the order of the first round.
@@ -447,6 +539,16 @@ fn print_table(runs: &[Run]) {
             format!(
                 "{:.0}",
                 mean(&mine.iter().map(|r| r.envoy_rss_mib).collect::<Vec<_>>())
+            ),
+            format!(
+                "{:.0} ({})",
+                mean(
+                    &mine
+                        .iter()
+                        .map(|r| r.load_requests_per_s)
+                        .collect::<Vec<_>>()
+                ),
+                mine.iter().map(|r| r.load_failed).sum::<u64>()
             ),
             format!(
                 "{:.0}",

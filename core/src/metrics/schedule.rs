@@ -1,11 +1,12 @@
 //! Which endpoints the scraper asks for `/metrics` on each tick: a
 //! freshness budget across the pool instead of every endpoint every tick.
 //!
-//! Why: a scrape costs Envoy about 0.1-0.15 ms of CPU all told (the HTTP
-//! call, copying and reading the body, publishing the result), so scraping
-//! each of 1024 endpoints every 50 ms (20 480 scrapes/s) needs ~3 cores: the
-//! one VM that scrapes saturates its thread and nobody's snapshot stays
-//! fresh (`kvroute-bench scrape-scale`, bench/README.md "Fleet scale").
+//! Why: a scrape costs Envoy about 0.075 ms of CPU all told (the HTTP call,
+//! copying and reading the body, publishing the result), so scraping each of
+//! 1024 endpoints every 50 ms (20 480 scrapes/s) would need 1.5 cores in the
+//! one VM that scrapes: its thread saturates (it did from 256 endpoints on)
+//! and nobody's snapshot stays fresh (`kvroute-bench scrape-scale`,
+//! bench/README.md "Fleet scale").
 //!
 //! The pool shares a budget of `metrics.max_scrapes_per_s` scrapes per
 //! second. With `n` endpoints, each endpoint is scraped every
