@@ -240,6 +240,7 @@ fn spec(
         listen: ports.0,
         admin: ports.1,
         workers,
+        eds_file: None,
     }
 }
 

@@ -74,6 +74,11 @@ pub struct ScrapeScaleArgs {
     /// Leave out the Envoy-without-the-filter arm.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Members from an EDS file and kvroute's `discovery` (it reads Envoy's
+    /// admin `/clusters` every `discovery.interval_ms`), as under Kubernetes;
+    /// default: a static list.
+    #[arg(long)]
+    pub discovery: bool,
     /// Requests per second sent through the listener during both windows
     /// (`POST /v1/completions`, a 1 KiB prompt with a unique prefix, 1 token;
     /// 0: idle). Every arm gets the same load.
@@ -220,6 +225,7 @@ pub fn run(args: &ScrapeScaleArgs) -> Result<()> {
             "freshness_secs": args.freshness_secs,
             "sample_ms": args.sample_ms,
             "load_rps": args.load_rps,
+            "discovery": args.discovery,
             "kvroute_config": extra,
             "arms": arms.iter().map(|a| json!({"name": a.name, "wasm": a.wasm})).collect::<Vec<_>>(),
             "sim": format!("kvroute-sim --pods {max_n} --no-latency --threads {}", args.workers),
@@ -281,8 +287,19 @@ fn measure(
     let mut tools = tools.clone();
     let plugin = arm.wasm.as_ref().map(|w| {
         tools.wasm = w.clone();
-        extra.clone()
+        let mut p = extra.clone();
+        if args.discovery && p.get("discovery").is_none() {
+            p["discovery"] = json!({});
+        }
+        p
     });
+    let eds_file = if args.discovery {
+        let path = tools.work.join(format!("eds-{n}.json"));
+        write_eds(&path, pods)?;
+        Some(path)
+    } else {
+        None
+    };
     let spec = EnvoySpec {
         name: format!("{}-{n}", arm.name),
         lb: if arm.wasm.is_some() {
@@ -294,6 +311,7 @@ fn measure(
         listen,
         admin: listen + 1,
         workers: args.workers,
+        eds_file,
     };
     let mut envoy = procs::start_envoy(&tools, &spec, pods)?;
     let admin = SocketAddr::from(([127, 0, 0, 1], listen + 1));
@@ -439,6 +457,24 @@ fn post(addr: SocketAddr, path: &str, body: &str) -> Result<u16> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .context("no HTTP status line")
+}
+
+/// An EDS file (what `envoy/render.py --eds-file` watches) listing `pods`.
+fn write_eds(path: &std::path::Path, pods: &[SocketAddr]) -> Result<()> {
+    let lb: Vec<Value> = pods
+        .iter()
+        .map(|a| {
+            json!({"endpoint": {"address": {"socket_address": {
+                "address": a.ip().to_string(), "port_value": a.port()}}}})
+        })
+        .collect();
+    let doc = json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+        "cluster_name": "kvroute_upstream",
+        "endpoints": [{"lb_endpoints": lb}]
+    }]});
+    std::fs::write(path, serde_json::to_vec(&doc)?)?;
+    Ok(())
 }
 
 /// `kvroute.scrape.success` and `.failure` (0 when absent: no filter);

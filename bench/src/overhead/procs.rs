@@ -139,6 +139,9 @@ pub struct EnvoySpec {
     pub admin: u16,
     /// Envoy worker threads (`--concurrency`).
     pub workers: u16,
+    /// Take the cluster's members from this EDS file (`--eds-file`) instead
+    /// of `--endpoints` (kvroute then needs `discovery` in its config).
+    pub eds_file: Option<PathBuf>,
 }
 
 /// Starts Envoy the way `./build.sh serve --no-build` does and waits until
@@ -146,11 +149,12 @@ pub struct EnvoySpec {
 pub fn start_envoy(tools: &Tools, spec: &EnvoySpec, endpoints: &[SocketAddr]) -> Result<Child> {
     let eps: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
     let mut cmd = Command::new(&tools.python);
-    cmd.arg(&tools.render)
-        .arg("--run")
-        .args(["--lb", spec.lb])
-        .args(["--endpoints", &eps.join(",")])
-        .args(["--listen", &format!("127.0.0.1:{}", spec.listen)])
+    cmd.arg(&tools.render).arg("--run").args(["--lb", spec.lb]);
+    match &spec.eds_file {
+        Some(eds) => cmd.arg("--eds-file").arg(eds),
+        None => cmd.args(["--endpoints", &eps.join(",")]),
+    };
+    cmd.args(["--listen", &format!("127.0.0.1:{}", spec.listen)])
         .args(["--admin", &format!("127.0.0.1:{}", spec.admin)])
         .args(["--concurrency", &spec.workers.to_string()])
         .arg("--wasm")
