@@ -15,9 +15,10 @@
 //!    (except one counter read at each end), and the scrapes done in that time
 //!    (`kvroute.scrape.{success,failure}`);
 //! 2. **freshness**: for `--freshness-secs`, every `--sample-ms`, every
-//!    endpoint's `kvroute.endpoint.<ep>.snapshot_age_ms` gauge (the scraper's
-//!    view at its last tick, what every worker routes with). A pool member
-//!    without the gauge has never had a snapshot and counts as missing.
+//!    endpoint's `kvroute.endpoint.<ep>.snapshot_age_ms` gauge (the shared
+//!    scrape state at the scraper's tick; other workers read it on their next
+//!    tick). A pool member without the gauge has never had a snapshot and
+//!    counts as missing.
 //!
 //! Arms alternate order every round (`--rounds`) so drift on a shared box hits
 //! them alike. Output: a table on stdout and `bench/results/scrape-scale-<date>.json`.

@@ -221,7 +221,7 @@ impl Default for MetricsConfig {
         MetricsConfig {
             path: "/metrics".into(),
             scrape_interval_ms: 50,
-            max_scrapes_per_s: 4000,
+            max_scrapes_per_s: 4500,
             scrape_timeout_ms: 1000,
             stale_after_ms: 2000,
             unhealthy_after_failures: 3,
