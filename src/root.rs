@@ -14,12 +14,13 @@ use crate::vm_state::VmState;
 use kvroute_core::config::Config;
 use kvroute_core::discovery::cluster_members;
 use kvroute_core::endpoint::Endpoint;
+use kvroute_core::metrics::schedule::{self, ScrapeSchedule};
 use kvroute_core::metrics::scrape::{classify, ScrapeOutcome};
 use log::{error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -54,6 +55,17 @@ pub struct KvRouteRoot {
     state: Option<Rc<RefCell<VmState>>>,
     /// Calls in flight, by token.
     pending: HashMap<u32, Call>,
+    /// Endpoints whose scrape is in flight (a set: a linear search of
+    /// `pending` per endpoint made a tick quadratic in the pool).
+    scraping: HashSet<Endpoint>,
+    /// Which endpoints are due on a tick (the pool's scrape budget).
+    schedule: ScrapeSchedule,
+    /// Scrape answers not yet published to shared data: they are written
+    /// in one update once every scrape in flight has answered (or on the
+    /// next tick), not one rewrite of the whole pool's state per answer.
+    answers: Vec<(Endpoint, ScrapeOutcome, u64)>,
+    /// When the per-endpoint snapshot-age gauges were last written.
+    last_ages_ms: u64,
     /// When membership was last requested.
     last_discovery_ms: u64,
     /// When peers were last asked for their news.
@@ -83,13 +95,19 @@ fn new_vm_id(ctx: &dyn Context) -> u64 {
 }
 
 impl KvRouteRoot {
-    fn scrape(&mut self, state: &VmState) {
+    fn scrape(&mut self, state: &VmState, now: u64) {
         let cfg = state.config();
         let timeout = Duration::from_millis(cfg.metrics.scrape_timeout_ms);
-        for &endpoint in state.router.pool() {
-            if self.pending.values().any(|c| *c == Call::Scrape(endpoint)) {
-                continue; // the previous scrape has not answered yet
-            }
+        let scraping = &self.scraping;
+        // An endpoint whose previous scrape has not answered yet is skipped.
+        let due = self.schedule.due(
+            state.router.pool(),
+            &cfg.metrics,
+            now,
+            |e| scraping.contains(&e),
+            |e| state.states.get(e).answered_at_ms,
+        );
+        for endpoint in due {
             let authority = endpoint.to_string();
             let headers = vec![
                 (":method", "GET"),
@@ -101,6 +119,7 @@ impl KvRouteRoot {
             match self.dispatch_http_call(&cfg.upstream_cluster, headers, None, vec![], timeout) {
                 Ok(token) => {
                     self.pending.insert(token, Call::Scrape(endpoint));
+                    self.scraping.insert(endpoint);
                 }
                 Err(status) => {
                     warn!(
@@ -217,6 +236,7 @@ impl KvRouteRoot {
     }
 
     fn on_scrape(&mut self, endpoint: Endpoint, body_size: usize) {
+        self.scraping.remove(&endpoint);
         let Some(state) = self.state.clone() else {
             return;
         };
@@ -228,34 +248,57 @@ impl KvRouteRoot {
             .get_http_call_response_body(0, body_size)
             .unwrap_or_default();
         let outcome = classify(status, &body, &state.borrow().config().metrics);
-        let mut state = state.borrow_mut();
+        self.answers.push((endpoint, outcome, now));
+        if self.scraping.is_empty() {
+            self.publish_answers(&mut state.borrow_mut());
+        }
+    }
+
+    /// Writes the scrape answers gathered so far into the shared scrape
+    /// state, in one update.
+    fn publish_answers(&mut self, state: &mut VmState) {
+        if self.answers.is_empty() {
+            return;
+        }
+        let answers = std::mem::take(&mut self.answers);
         let pool = state.router.pool().to_vec();
         let threshold = state.config().metrics.unhealthy_after_failures;
         let states = state.store.update_endpoint_states(|t| {
             t.retain(&pool);
-            t.record(endpoint, outcome, now);
-        });
-        let current = states.get(endpoint);
-        if matches!(outcome, ScrapeOutcome::Snapshot(_)) {
-            state.stats.inc(Counter::ScrapeSuccess);
-        } else {
-            state.stats.inc(Counter::ScrapeFailure);
-            state
-                .stats
-                .endpoint_inc(endpoint, EndpointCounter::ScrapeFailures);
-            if current.failures == threshold {
-                warn!("kvroute: endpoint {endpoint} leaves the candidate set after {threshold} failed scrapes");
+            for &(endpoint, outcome, at) in &answers {
+                t.record(endpoint, outcome, at);
             }
-        }
-        state.stats.endpoint_gauge(
-            endpoint,
-            EndpointGauge::Healthy,
-            current.healthy(threshold) as u64,
-        );
-        if let Some(s) = current.snapshot {
-            state
-                .stats
-                .endpoint_gauge(endpoint, EndpointGauge::Waiting, s.waiting.max(0.0) as u64);
+        });
+        let failed = answers
+            .iter()
+            .filter(|(_, o, _)| !matches!(o, ScrapeOutcome::Snapshot(_)))
+            .count();
+        state
+            .stats
+            .add(Counter::ScrapeSuccess, (answers.len() - failed) as u64);
+        state.stats.add(Counter::ScrapeFailure, failed as u64);
+        for &(endpoint, outcome, _) in &answers {
+            let current = states.get(endpoint);
+            if !matches!(outcome, ScrapeOutcome::Snapshot(_)) {
+                state
+                    .stats
+                    .endpoint_inc(endpoint, EndpointCounter::ScrapeFailures);
+                if current.failures == threshold {
+                    warn!("kvroute: endpoint {endpoint} leaves the candidate set after {threshold} failed scrapes");
+                }
+            }
+            state.stats.endpoint_gauge(
+                endpoint,
+                EndpointGauge::Healthy,
+                current.healthy(threshold) as u64,
+            );
+            if let Some(s) = current.snapshot {
+                state.stats.endpoint_gauge(
+                    endpoint,
+                    EndpointGauge::Waiting,
+                    s.waiting.max(0.0) as u64,
+                );
+            }
         }
         state.states = states;
     }
@@ -308,6 +351,9 @@ impl RootContext for KvRouteRoot {
         }
         self.state = Some(Rc::new(RefCell::new(VmState::new(config, vm_id))));
         self.pending.clear();
+        self.scraping.clear();
+        self.answers.clear();
+        self.schedule = ScrapeSchedule::default();
         if self.role == Role::Router {
             self.set_tick_period(interval);
         }
@@ -324,14 +370,21 @@ impl RootContext for KvRouteRoot {
         let interval = state.config().metrics.scrape_interval_ms;
         let ttl = (3 * interval).max(200);
         if state.store.claim_lease(state.vm_id, now, ttl) {
+            // Answers still waiting for a slow scrape are published now.
+            self.publish_answers(&mut state);
             self.discover(&state, now);
-            self.scrape(&state);
+            self.scrape(&state, now);
             self.sync_peers(&state, now);
-            for (endpoint, s) in &state.states.entries.clone() {
-                let age = now.saturating_sub(s.scraped_at_ms);
-                state
-                    .stats
-                    .endpoint_gauge(*endpoint, EndpointGauge::SnapshotAgeMs, age);
+            // Once a scrape period (every tick for a pool within budget).
+            let period = schedule::period_ms(&state.config().metrics, state.router.pool().len());
+            if now.saturating_sub(self.last_ages_ms) + interval / 2 >= period {
+                self.last_ages_ms = now;
+                for (endpoint, s) in &state.states.entries.clone() {
+                    let age = now.saturating_sub(s.scraped_at_ms);
+                    state
+                        .stats
+                        .endpoint_gauge(*endpoint, EndpointGauge::SnapshotAgeMs, age);
+                }
             }
         }
     }

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `lease` | scraper lease (16 bytes) | every VM's tick, CAS |
 //! | `pool` | discovered members (JSON list) | the lease holder (discovery on) |
-//! | `endpoints` | scrape state of the pool (JSON) | the lease holder; any worker whose request the chosen endpoint did not answer; CAS |
+//! | `endpoints` | scrape state of the pool (binary, `EndpointStates::encode`) | the lease holder (one update per batch of answers); any worker whose request the chosen endpoint did not answer; CAS |
 //! | `inflight` | in-flight requests/tokens/waiting per endpoint | every request (route, first chunk, end), CAS |
 //! | `outliers` | passive-health streaks and ejections | 5xx responses (and the success after one), CAS |
 //! | `log/head` | next decision-log sequence number | every decision, CAS |

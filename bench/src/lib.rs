@@ -18,6 +18,7 @@ pub mod procs;
 pub mod report;
 pub mod router_under_test;
 pub mod runner;
+pub mod scrape_scale;
 pub mod text;
 pub mod theory;
 pub mod trace;

@@ -23,6 +23,8 @@ enum Command {
     Setup(commands::SetupArgs),
     /// In-proxy cost: Envoy with kvroute vs the same Envoy without the filter.
     Overhead(kvroute_bench::overhead::OverheadArgs),
+    /// Fleet scale (issue 14): Envoy CPU of scraping and snapshot freshness at 64-1024 idle endpoints.
+    ScrapeScale(kvroute_bench::scrape_scale::ScrapeScaleArgs),
 }
 
 /// Runs `fut`, turning Ctrl-C into an error so that every process guard is dropped.
@@ -46,5 +48,6 @@ fn main() -> anyhow::Result<()> {
         Command::Replicas(a) => block_on(commands::replicas(&a)),
         Command::Setup(a) => commands::setup(&a),
         Command::Overhead(args) => kvroute_bench::overhead::run(&args),
+        Command::ScrapeScale(args) => kvroute_bench::scrape_scale::run(&args),
     }
 }

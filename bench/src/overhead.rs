@@ -25,7 +25,7 @@
 //! Output: a table on stdout and JSON in `bench/results/overhead-<date>.json`.
 
 mod load;
-mod procs;
+pub mod procs;
 
 use anyhow::{bail, Context as _, Result};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
@@ -125,20 +125,7 @@ const INDEX_BYTES_PER_BLOCK: u64 = 63;
 pub fn run(args: &OverheadArgs) -> Result<()> {
     validate(args)?;
     let root = args.root.canonicalize().context("--root")?;
-    let work = std::env::temp_dir().join(format!("kvroute-overhead-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let tools = Tools {
-        sim: root.join("target/release/kvroute-sim"),
-        wasm: root.join("target/wasm32-wasip1/release/kvroute.wasm"),
-        python: root.join(".venv/bin/python"),
-        render: root.join("envoy/render.py"),
-        work,
-    };
-    for p in [&tools.sim, &tools.wasm, &tools.python, &tools.render] {
-        if !p.exists() {
-            bail!("{} not found: run ./build.sh build first", p.display());
-        }
-    }
+    let tools = Tools::in_tree(&root, "overhead")?;
     let ports = Ports(args.base_port);
     for port in ports.all() {
         procs::ensure_free(port)?;
@@ -253,6 +240,7 @@ fn spec(
         listen: ports.0,
         admin: ports.1,
         workers,
+        eds_file: None,
     }
 }
 
@@ -810,13 +798,13 @@ fn size_label(bytes: u64) -> String {
     }
 }
 
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
 
-fn machine() -> Value {
+pub(crate) fn machine() -> Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -843,7 +831,7 @@ fn machine() -> Value {
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of a system time (UTC, proleptic Gregorian).
-fn utc_datetime(t: SystemTime) -> String {
+pub(crate) fn utc_datetime(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);

@@ -199,6 +199,10 @@ pub struct MetricsConfig {
     pub path: String,
     /// Scrape period; exactly one scraper across all workers.
     pub scrape_interval_ms: u64,
+    /// Scrapes per second the whole pool may cost; a pool larger than
+    /// `max_scrapes_per_s x scrape_interval_ms / 1000` is scraped less often
+    /// (`metrics::schedule`).
+    pub max_scrapes_per_s: u64,
     /// Timeout of one scrape.
     pub scrape_timeout_ms: u64,
     /// A snapshot older than this is not trusted as fresh.
@@ -217,6 +221,7 @@ impl Default for MetricsConfig {
         MetricsConfig {
             path: "/metrics".into(),
             scrape_interval_ms: 50,
+            max_scrapes_per_s: 4500,
             scrape_timeout_ms: 1000,
             stale_after_ms: 2000,
             unhealthy_after_failures: 3,
@@ -700,6 +705,13 @@ impl Config {
                 "must be 10..=60000",
             ));
         }
+        if !(1..=1_000_000).contains(&m.max_scrapes_per_s) {
+            return Err(err(
+                "metrics.max_scrapes_per_s",
+                m.max_scrapes_per_s,
+                "must be 1..=1000000",
+            ));
+        }
         if !(1..=60_000).contains(&m.scrape_timeout_ms) {
             return Err(err(
                 "metrics.scrape_timeout_ms",
@@ -1014,6 +1026,10 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"metrics":{"scrape_interval_ms":1}}"#,
                 "metrics.scrape_interval_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"metrics":{"max_scrapes_per_s":0}}"#,
+                "metrics.max_scrapes_per_s",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"destination_header":"Host"}"#,

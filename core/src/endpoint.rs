@@ -5,7 +5,7 @@
 //! address.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 /// A model-server endpoint: a socket address, printed as `ip:port`
@@ -22,6 +22,22 @@ impl Endpoint {
     /// The socket address.
     pub fn addr(&self) -> SocketAddr {
         self.0
+    }
+
+    /// Appends the binary form the shared-data tables use: `4` and 4 bytes
+    /// or `6` and 16 bytes of address, then the port (little endian).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        match self.0.ip() {
+            IpAddr::V4(ip) => {
+                out.push(4);
+                out.extend_from_slice(&ip.octets());
+            }
+            IpAddr::V6(ip) => {
+                out.push(6);
+                out.extend_from_slice(&ip.octets());
+            }
+        }
+        out.extend_from_slice(&self.0.port().to_le_bytes());
     }
 }
 

@@ -167,17 +167,7 @@ impl InFlightTable {
         let n = self.entries.len().min(u16::MAX as usize);
         out.extend_from_slice(&(n as u16).to_le_bytes());
         for (e, v) in self.entries.iter().take(n) {
-            match e.addr().ip() {
-                IpAddr::V4(ip) => {
-                    out.push(4);
-                    out.extend_from_slice(&ip.octets());
-                }
-                IpAddr::V6(ip) => {
-                    out.push(6);
-                    out.extend_from_slice(&ip.octets());
-                }
-            }
-            out.extend_from_slice(&e.addr().port().to_le_bytes());
+            e.encode_into(&mut out);
             out.extend_from_slice(&v.requests.to_le_bytes());
             out.extend_from_slice(&v.tokens.to_le_bytes());
             out.extend_from_slice(&v.waiting.to_le_bytes());

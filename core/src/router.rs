@@ -10,7 +10,7 @@
 use crate::config::{Config, Profile};
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
-use crate::metrics::MetricsSnapshot;
+use crate::metrics::{schedule, MetricsSnapshot};
 use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
@@ -59,7 +59,7 @@ impl Router {
 
     /// Whether `endpoint` is a pool member.
     pub fn contains(&self, endpoint: Endpoint) -> bool {
-        self.pool.contains(&endpoint)
+        self.pool.binary_search(&endpoint).is_ok()
     }
 
     /// Replaces the pool (live discovery); forgets removed endpoints.
@@ -87,7 +87,11 @@ impl Router {
                 continue;
             };
             let blocks = (tokens as usize / self.config.prefix.block_tokens).max(1);
-            if self.pool.contains(endpoint) && self.capacity.get(endpoint) != Some(&blocks) {
+            // The pool is sorted: a linear `contains` made every tick
+            // quadratic in the pool.
+            if self.pool.binary_search(endpoint).is_ok()
+                && self.capacity.get(endpoint) != Some(&blocks)
+            {
                 self.capacity.insert(*endpoint, blocks);
                 self.index.set_capacity(*endpoint, blocks);
             }
@@ -101,12 +105,14 @@ impl Router {
         inflight: impl Fn(Endpoint) -> InFlight,
         now_ms: u64,
     ) -> Vec<Endpoint> {
+        let stall_after = self.config.failover.stall_after_ms;
         stall::stalled(
             &self.pool,
             states,
             inflight,
             now_ms,
-            self.config.failover.stall_after_ms,
+            stall_after,
+            schedule::silence_after_ms(stall_after, &self.config.metrics, self.pool.len()),
         )
     }
 
@@ -130,6 +136,8 @@ impl Router {
         let blocks = prompt.blocks;
         let matches = self.index.longest_prefix_with_leaves(prompt);
         let metrics = &self.config.metrics;
+        // A large pool is scraped less often: staleness follows its period.
+        let stale_after = schedule::stale_after_ms(metrics, self.pool.len());
         let stalled = self.stalled(states, &inflight, now_ms);
         // A binary search per candidate, not a scan: no longer quadratic in the pool.
         let mut by_endpoint: Vec<_> = matches.iter().collect();
@@ -149,7 +157,7 @@ impl Router {
                 let matched = find(&endpoint);
                 Candidate {
                     endpoint,
-                    snapshot: state.fresh(now_ms, metrics.stale_after_ms),
+                    snapshot: state.fresh(now_ms, stale_after),
                     healthy: state.healthy(metrics.unhealthy_after_failures)
                         && !outliers.ejected(endpoint, now_ms)
                         && !stalled.contains(&endpoint),

@@ -39,18 +39,22 @@ use crate::shared::endpoint_state::EndpointStates;
 
 /// Endpoints of `pool` stalled at `now_ms` for window `stall_after_ms`
 /// (0 disables: none). `inflight` is kvroute's view of each endpoint.
+/// `silence_ms` is the window of conditions 2 and 3: `stall_after_ms`, or
+/// more when endpoints are scraped less often than that
+/// (`metrics::schedule::silence_after_ms`: a large pool's scrape period).
 pub fn stalled(
     pool: &[Endpoint],
     states: &EndpointStates,
     inflight: impl Fn(Endpoint) -> InFlight,
     now_ms: u64,
     stall_after_ms: u64,
+    silence_ms: u64,
 ) -> Vec<Endpoint> {
     if stall_after_ms == 0 || pool.len() < 2 {
         return Vec::new();
     }
-    let silent =
-        |e: Endpoint| now_ms.saturating_sub(states.get(e).answered_at_ms) >= stall_after_ms;
+    let silence_ms = silence_ms.max(stall_after_ms);
+    let silent = |e: Endpoint| now_ms.saturating_sub(states.get(e).answered_at_ms) >= silence_ms;
     let suspects: Vec<Endpoint> = pool
         .iter()
         .copied()
@@ -109,7 +113,7 @@ mod tests {
                 progress_ms: inflight[i].1,
             }
         };
-        stalled(&pool, &states, view, now, W)
+        stalled(&pool, &states, view, now, W, W)
             .into_iter()
             .map(|e| pool.iter().position(|p| *p == e).unwrap() as u8 + 1)
             .collect()
@@ -186,8 +190,40 @@ mod tests {
             progress_ms: 0,
         };
         let states = EndpointStates::default();
-        assert!(stalled(&pool, &states, view, 100_000, W).is_empty());
+        assert!(stalled(&pool, &states, view, 100_000, W, W).is_empty());
         let pool = [ep(1), ep(2)];
-        assert!(stalled(&pool, &states, view, 100_000, 0).is_empty());
+        assert!(stalled(&pool, &states, view, 100_000, 0, W).is_empty());
+    }
+
+    #[test]
+    fn a_longer_scrape_period_widens_the_silence_window() {
+        // A large pool scraped every 400 ms: a healthy endpoint's last answer
+        // can be 450 ms old while a long prefill has waited W = 500 ms.
+        let pool: Vec<Endpoint> = (1..=3).map(ep).collect();
+        let now = 100_000;
+        let mut states = EndpointStates::default();
+        for (e, at) in pool.iter().zip([now - 520, now - 30, now - 200]) {
+            states.record(*e, ScrapeOutcome::Snapshot(MetricsSnapshot::default()), at);
+        }
+        let view = |e: Endpoint| InFlight {
+            requests: u32::from(e == pool[0]),
+            tokens: 0,
+            waiting: u32::from(e == pool[0]),
+            progress_ms: now - W,
+        };
+        assert_eq!(
+            stalled(&pool, &states, view, now, W, W),
+            vec![pool[0]],
+            "window w: blamed"
+        );
+        assert!(
+            stalled(&pool, &states, view, now, W, 800).is_empty(),
+            "two periods of 400 ms: not yet"
+        );
+        assert_eq!(
+            stalled(&pool, &states, view, now + 300, W, 800),
+            vec![pool[0]],
+            "silent past it: blamed"
+        );
     }
 }

@@ -22,8 +22,8 @@ mod support;
 use kvroute_core::config::{Config, MetricsConfig, PrefixConfig};
 use kvroute_core::discovery::{cluster_members, decode_pool, encode_pool};
 use kvroute_core::endpoint::Endpoint;
-use kvroute_core::metrics::read_snapshot;
 use kvroute_core::metrics::scrape::classify;
+use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
 use kvroute_core::peer::table::PeerTable;
 use kvroute_core::peer::wire::{SyncAnswer, SyncQuery};
 use kvroute_core::request::{parse, parse_cost_bound, ApiKind};
@@ -410,6 +410,29 @@ proptest! {
             let _ = LogEntry::decode(&mutate(&bytes, &edits));
         }
         let _ = decode_pool(&mutate(&encoded, &edits));
+        // The scrape state (binary since issue 14): every kind of entry.
+        let mut states = EndpointStates::default();
+        for (i, &e) in pool.iter().enumerate() {
+            let b = blocks.get(i).copied().unwrap_or(i as u64) >> 11;
+            match b % 3 {
+                0 => {
+                    states.fail(e);
+                }
+                1 => states.reachable(e, b),
+                _ => states.succeed(e, MetricsSnapshot {
+                    waiting: b as f64,
+                    running: 1.5,
+                    kv_usage: (b % 2 == 0).then_some(0.25),
+                    kv_capacity_tokens: (b % 5 == 0).then_some(b),
+                }, b),
+            }
+        }
+        let bytes = states.encode();
+        prop_assert_eq!(EndpointStates::decode(&bytes), Some(states));
+        let mutated = mutate(&bytes, &edits);
+        let (decoded, peak) = peak_alloc(|| EndpointStates::decode(&mutated));
+        prop_assert!(peak <= 8 * mutated.len() + 4096, "{} bytes for {}", peak, mutated.len());
+        drop(decoded);
     }
 }
 

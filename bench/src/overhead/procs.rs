@@ -87,6 +87,28 @@ pub struct Tools {
     pub work: PathBuf,
 }
 
+impl Tools {
+    /// The tree's release binaries, script and venv under `root`, with a
+    /// fresh work directory `<tmp>/kvroute-<tag>-<pid>`; fails when one is missing.
+    pub fn in_tree(root: &Path, tag: &str) -> Result<Tools> {
+        let work = std::env::temp_dir().join(format!("kvroute-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&work)?;
+        let tools = Tools {
+            sim: root.join("target/release/kvroute-sim"),
+            wasm: root.join("target/wasm32-wasip1/release/kvroute.wasm"),
+            python: root.join(".venv/bin/python"),
+            render: root.join("envoy/render.py"),
+            work,
+        };
+        for p in [&tools.sim, &tools.wasm, &tools.python, &tools.render] {
+            if !p.exists() {
+                bail!("{} not found: run ./build.sh build first", p.display());
+            }
+        }
+        Ok(tools)
+    }
+}
+
 /// Starts `kvroute-sim --pods N --no-latency --base-port P` and waits until
 /// every pod answers `/health`.
 pub fn start_sim(tools: &Tools, pods: u16, base_port: u16) -> Result<Child> {
@@ -117,6 +139,9 @@ pub struct EnvoySpec {
     pub admin: u16,
     /// Envoy worker threads (`--concurrency`).
     pub workers: u16,
+    /// Take the cluster's members from this EDS file (`--eds-file`) instead
+    /// of `--endpoints` (kvroute then needs `discovery` in its config).
+    pub eds_file: Option<PathBuf>,
 }
 
 /// Starts Envoy the way `./build.sh serve --no-build` does and waits until
@@ -124,11 +149,12 @@ pub struct EnvoySpec {
 pub fn start_envoy(tools: &Tools, spec: &EnvoySpec, endpoints: &[SocketAddr]) -> Result<Child> {
     let eps: Vec<String> = endpoints.iter().map(ToString::to_string).collect();
     let mut cmd = Command::new(&tools.python);
-    cmd.arg(&tools.render)
-        .arg("--run")
-        .args(["--lb", spec.lb])
-        .args(["--endpoints", &eps.join(",")])
-        .args(["--listen", &format!("127.0.0.1:{}", spec.listen)])
+    cmd.arg(&tools.render).arg("--run").args(["--lb", spec.lb]);
+    match &spec.eds_file {
+        Some(eds) => cmd.arg("--eds-file").arg(eds),
+        None => cmd.args(["--endpoints", &eps.join(",")]),
+    };
+    cmd.args(["--listen", &format!("127.0.0.1:{}", spec.listen)])
         .args(["--admin", &format!("127.0.0.1:{}", spec.admin)])
         .args(["--concurrency", &spec.workers.to_string()])
         .arg("--wasm")

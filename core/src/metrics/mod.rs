@@ -6,10 +6,13 @@
 //! - [`profile`]: which names each engine (vLLM, SGLang, TensorRT-LLM,
 //!   custom, auto-detected) uses, and how several series are aggregated.
 //! - [`snapshot`]: the result.
+//! - [`schedule`]: which endpoints are scraped on a tick (the pool's
+//!   scrape budget) and how the age thresholds follow the period.
 //! - [`scrape`]: what a scrape (status + body) means for health and load.
 
 pub mod exposition;
 pub mod profile;
+pub mod schedule;
 pub mod scrape;
 pub mod snapshot;
 
