@@ -342,6 +342,8 @@ pub struct Weights {
     pub inflight_requests: f64,
     /// Uncached prompt tokens kvroute expects the endpoint still to prefill.
     pub inflight_tokens: f64,
+    /// LoRA adapter running / free slot / waiting (adapter requests only).
+    pub lora_affinity: f64,
 }
 
 impl Default for Weights {
@@ -355,6 +357,9 @@ impl Default for Weights {
             // once an endpoint is clearly overloaded (see scheduler docs).
             inflight_requests: 2.0,
             inflight_tokens: 1.0,
+            // Above 3.33: "running" beats "free slot" by more than the cold
+            // margin at equal load (scorer/lora_affinity.rs).
+            lora_affinity: 6.0,
         }
     }
 }
@@ -817,6 +822,7 @@ impl Config {
             ("scheduling.weights.kv_cache", w.kv_cache),
             ("scheduling.weights.inflight_requests", w.inflight_requests),
             ("scheduling.weights.inflight_tokens", w.inflight_tokens),
+            ("scheduling.weights.lora_affinity", w.lora_affinity),
         ] {
             if !(v.is_finite() && (0.0..=1000.0).contains(&v)) {
                 return Err(err(name, v, "must be a number in 0..=1000"));

@@ -249,6 +249,10 @@ impl Router {
             // gateway rotates them instead (a hash spreads a few new
             // conversations less evenly than a rotation does).
             affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
+            adapter: match scope {
+                Scope::Model { adapter, .. } => adapter,
+                Scope::All => None,
+            },
         };
         self.scheduler.pick(&facts, &candidates, rng)
     }
@@ -515,7 +519,7 @@ mod tests {
             r.scope(Some("a-lora")),
             Ok(Scope::Model {
                 pool: 0,
-                adapter: true
+                adapter: Some(crate::metrics::lora::adapter_id("a-lora"))
             })
         );
         assert!(r.scope(Some("c")).is_err());

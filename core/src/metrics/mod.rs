@@ -6,9 +6,11 @@
 //! - [`profile`]: which names each engine (vLLM, SGLang, TensorRT-LLM,
 //!   custom, auto-detected) uses, and how several series are aggregated.
 //! - [`snapshot`]: the result.
+//! - [`lora`]: the LoRA adapters an endpoint runs (vLLM).
 //! - [`scrape`]: what a scrape (status + body) means for health and load.
 
 pub mod exposition;
+pub mod lora;
 pub mod profile;
 pub mod scrape;
 pub mod snapshot;

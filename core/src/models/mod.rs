@@ -21,6 +21,7 @@ pub mod listing;
 
 use crate::config::{err, ConfigError};
 use crate::endpoint::Endpoint;
+use crate::metrics::lora::adapter_id;
 use serde::Deserialize;
 use std::fmt;
 
@@ -112,13 +113,13 @@ pub enum Scope {
     /// Anywhere in the pool: no `models` section, or a request whose model
     /// could not be read (routed by load, as any unreadable body).
     All,
-    /// Only the endpoints of `models[pool]`; `adapter` when the model named
-    /// one of its adapters.
+    /// Only the endpoints of `models[pool]`.
     Model {
         /// Index into the `models` entries.
         pool: usize,
-        /// The request names an adapter, not the base model.
-        adapter: bool,
+        /// When the request names one of its adapters, not the base model:
+        /// the adapter's id (`metrics::lora::adapter_id`), for LoRA affinity.
+        adapter: Option<crate::metrics::lora::AdapterId>,
     },
 }
 
@@ -176,7 +177,7 @@ impl ModelPools {
         if let Some(pool) = base {
             return Some(Scope::Model {
                 pool,
-                adapter: false,
+                adapter: None,
             });
         }
         let adapter = self
@@ -186,7 +187,7 @@ impl ModelPools {
         if let Some(pool) = adapter {
             return Some(Scope::Model {
                 pool,
-                adapter: true,
+                adapter: Some(adapter_id(model)),
             });
         }
         let mut best: Option<(usize, Scope)> = None;
@@ -196,6 +197,7 @@ impl ModelPools {
             for (name, adapter) in names {
                 if let ModelName::Prefix(p) = name {
                     if model.starts_with(p.as_str()) && best.is_none_or(|(len, _)| p.len() > len) {
+                        let adapter = adapter.then(|| adapter_id(model));
                         best = Some((p.len(), Scope::Model { pool, adapter }));
                     }
                 }
@@ -308,14 +310,19 @@ mod tests {
     #[test]
     fn names_resolve_exact_first_then_longest_pattern() {
         let t = ModelPools::new(&pools(TABLE));
-        let m = |pool, adapter| Ok(Scope::Model { pool, adapter });
+        let m = |pool, adapter: Option<&str>| {
+            Ok(Scope::Model {
+                pool,
+                adapter: adapter.map(adapter_id),
+            })
+        };
         for (model, want) in [
-            ("llama-8b", m(0, false)),
-            ("sql-lora", m(0, true)),
-            ("fin-q3", m(0, true)),
-            ("qwen-7b", m(1, false)),
-            ("qwen-72b-instruct", m(2, false)),
-            ("qwen-72b-chat", m(2, true)),
+            ("llama-8b", m(0, None)),
+            ("sql-lora", m(0, Some("sql-lora"))),
+            ("fin-q3", m(0, Some("fin-q3"))),
+            ("qwen-7b", m(1, None)),
+            ("qwen-72b-instruct", m(2, None)),
+            ("qwen-72b-chat", m(2, Some("qwen-72b-chat"))),
             ("llama-8", Err(ModelNotFound)),
             ("llama-8b ", Err(ModelNotFound)),
             ("", Err(ModelNotFound)),
