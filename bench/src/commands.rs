@@ -144,6 +144,7 @@ impl FleetArgs {
                 max_num_seqs: self.max_num_seqs,
                 time_scale: self.time_scale,
                 seed: self.sim_seed,
+                extra_args: Vec::new(),
             },
             run: RunSettings {
                 users: self.users,

@@ -23,6 +23,9 @@ enum Command {
     Setup(commands::SetupArgs),
     /// In-proxy cost: Envoy with kvroute vs the same Envoy without the filter.
     Overhead(kvroute_bench::overhead::OverheadArgs),
+    /// Several models (issue 15): two base models, LoRA adapters, interactive chat beside a
+    /// batch stream, with the batch objective sheddable and then not.
+    Mixed(kvroute_bench::mixed::MixedArgs),
 }
 
 /// Runs `fut`, turning Ctrl-C into an error so that every process guard is dropped.
@@ -46,5 +49,6 @@ fn main() -> anyhow::Result<()> {
         Command::Replicas(a) => block_on(commands::replicas(&a)),
         Command::Setup(a) => commands::setup(&a),
         Command::Overhead(args) => kvroute_bench::overhead::run(&args),
+        Command::Mixed(a) => block_on(kvroute_bench::mixed::mixed(&a)),
     }
 }
