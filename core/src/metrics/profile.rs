@@ -501,6 +501,31 @@ mod tests {
     }
 
     #[test]
+    fn a_real_vllm_lora_line_after_a_real_vllm_scrape() {
+        use crate::metrics::lora::adapter_id;
+        // Two real vLLM 0.29.0 sources (tests/fixtures/metrics/SOURCES.md):
+        // a scrape without LoRA, and the LoRA line of a run with adapters.
+        let text = [
+            include_str!("../../../tests/fixtures/metrics/vllm-0.29.0-v1-qwen2.5-1.5b-inferstack.txt"),
+            include_str!("../../../tests/fixtures/metrics/vllm-0.29.0-cpu-smollm2-lora-requests-info-line.txt"),
+        ]
+        .concat();
+        let (s, engine) = read(&text, &cfg(Engine::Auto)).unwrap();
+        assert_eq!(engine, Engine::Vllm);
+        let lora = s.lora.expect("lora state");
+        assert_eq!(
+            (lora.running_count, lora.waiting_count, lora.max_lora),
+            (1, 1, 2)
+        );
+        assert_eq!(lora.affinity(adapter_id("alpaca")), 1.0);
+        assert_eq!(
+            lora.affinity(adapter_id("underdog")),
+            0.0,
+            "both slots taken"
+        );
+    }
+
+    #[test]
     fn auto_picks_the_engine_with_most_names() {
         let text =
             "sglang:num_queue_reqs 1\nvllm:num_requests_waiting 2\nvllm:num_requests_running 3\n";
