@@ -118,7 +118,7 @@ impl RequestFilter {
                     .stats
                     .objective_inc(objective.index, ObjectiveCounter::Requests);
             }
-            let shed = objective.sheddable() && state.saturated(scope, now);
+            let shed = state.shed(objective, scope, now);
             if shed {
                 state.stats.inc(Counter::Shed);
                 state

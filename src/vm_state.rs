@@ -12,6 +12,7 @@ use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
 use kvroute_core::models::Scope;
+use kvroute_core::objectives::Objective;
 use kvroute_core::outlier::{Outcome, OutlierTable};
 use kvroute_core::peer::table::PeerLoad;
 use kvroute_core::prefix::Prompt;
@@ -153,11 +154,11 @@ impl VmState {
         }
     }
 
-    /// Whether every endpoint that could serve a request of `scope` is
-    /// saturated (as of the last tick's scrape states).
-    pub fn saturated(&self, scope: Scope, now_ms: u64) -> bool {
+    /// Whether a request of `objective` and `scope` is shed (as of the
+    /// last tick's scrape states): see `Router::shed`.
+    pub fn shed(&self, objective: Objective, scope: Scope, now_ms: u64) -> bool {
         self.router
-            .saturated(scope, &self.states, &self.outliers, now_ms)
+            .shed(objective, scope, &self.states, &self.outliers, now_ms)
     }
 
     /// Routes one request (`None` when its body was not understood or it is

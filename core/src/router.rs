@@ -12,6 +12,7 @@ use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
 use crate::metrics::MetricsSnapshot;
 use crate::models::{ModelNotFound, ModelPools, Scope};
+use crate::objectives::Objective;
 use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
@@ -74,6 +75,20 @@ impl Router {
                 self.models.endpoints(pool).binary_search(&endpoint).is_ok()
             }
         }
+    }
+
+    /// Whether a request of `objective` and `scope` is shed (429) at
+    /// `now_ms`: its priority is negative and every endpoint that could
+    /// serve it is saturated. Checks saturation only for sheddable requests.
+    pub fn shed(
+        &self,
+        objective: Objective,
+        scope: Scope,
+        states: &EndpointStates,
+        outliers: &OutlierTable,
+        now_ms: u64,
+    ) -> bool {
+        objective.sheddable() && self.saturated(scope, states, outliers, now_ms)
     }
 
     /// Whether every endpoint that could serve a request of `scope` is
@@ -578,6 +593,14 @@ mod tests {
         assert!(!r.saturated(Scope::All, &states, &none, 1_000));
         // Stale figures count as saturated (200 ms by default).
         assert!(r.saturated(b, &states, &none, 1_200));
+        // Only a negative priority is shed.
+        let batch = Objective {
+            index: Some(0),
+            priority: -1,
+        };
+        assert!(r.shed(batch, a, &states, &none, 1_000));
+        assert!(!r.shed(Objective::DEFAULT, a, &states, &none, 1_000));
+        assert!(!r.shed(batch, b, &states, &none, 1_000));
     }
 
     #[test]
