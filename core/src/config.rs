@@ -685,7 +685,7 @@ impl Config {
             }
             o.validate()?;
         }
-        self.saturation.validate()?;
+        self.saturation.validate(self.metrics.scrape_interval_ms)?;
         if let Some(h) = &self.debug_header {
             check_header_name("debug_header", h)?;
             if h.eq_ignore_ascii_case(&self.destination_header) {
@@ -1189,7 +1189,7 @@ mod tests {
         assert!(c.objectives.is_none());
         assert_eq!(c.saturation.queue_threshold, 5.0);
         assert_eq!(c.saturation.kv_usage_threshold, 0.8);
-        assert_eq!(c.saturation.stale_after_ms, 200);
+        assert_eq!(c.saturation.stale_after(c.metrics.scrape_interval_ms), 200);
         let c = parse(
             r#"{"endpoints":["1.2.3.4:80","1.2.3.4:81"],
                 "models":[{"name":"a","endpoints":["1.2.3.4:80"],"adapters":["a-*"]},{"name":"b","endpoints":["1.2.3.4:81"]}],

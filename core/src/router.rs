@@ -104,6 +104,7 @@ impl Router {
     ) -> bool {
         let threshold = self.config.metrics.unhealthy_after_failures;
         let saturation = &self.config.saturation;
+        let stale_after = saturation.stale_after(self.config.metrics.scrape_interval_ms);
         let aligned = states.aligned(&self.pool);
         !self
             .pool
@@ -112,7 +113,7 @@ impl Router {
             .filter(|(e, _)| self.serves(scope, **e))
             .any(|(e, s)| {
                 let healthy = s.healthy(threshold) && !outliers.ejected(*e, now_ms);
-                !saturation.saturated(s, healthy, now_ms)
+                !saturation.saturated(s, healthy, now_ms, stale_after)
             })
     }
 
