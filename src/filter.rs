@@ -3,13 +3,17 @@
 //!
 //! 1. headers: remove every client-supplied copy of the destination header
 //!    (no client can steer); a path off the allow-list (`allowed_paths`) is
-//!    answered here with a JSON 404 and never reaches a pod; inference
-//!    requests (`POST` to an OpenAI path with a body) are held (`Pause`,
+//!    answered here with a JSON 404 and never reaches a pod; with `models`
+//!    set, `GET /v1/models` is answered from the config; the objective
+//!    header gives the request's priority; inference requests (`POST` to an
+//!    OpenAI path with a body; with `models`, any `POST`) are held (`Pause`,
 //!    which Envoy honours because the plugin sets
 //!    `allow_on_headers_stop_iteration`); everything else is routed by load
 //!    at once;
 //! 2. body: wait for the whole body (up to `max_body_bytes`; it is complete at
-//!    end of stream or when trailers arrive), parse it, route, write the
+//!    end of stream or when trailers arrive), parse it, resolve its model
+//!    to the endpoints serving it (unknown: JSON 404), shed it when it is
+//!    sheddable and all of them are saturated (JSON 429), route, write the
 //!    chosen endpoint into the destination header, release;
 //! 3. response: its status feeds passive health (consecutive 5xx eject the
 //!    endpoint); a response the chosen endpoint did not send (connect
@@ -29,13 +33,15 @@
 //! get the same JSON shape from the connection manager's local-reply mappers.
 
 use crate::root::now_ms;
-use crate::stats::Counter;
+use crate::stats::{Counter, ObjectiveCounter};
 use crate::vm_state::{Routed, VmState};
 use kvroute_core::answer::{verdict, Verdict};
 use kvroute_core::config::{Handoff, STREAM_HEADER};
 use kvroute_core::error_reply::ErrorReply;
+use kvroute_core::models::listing::{self, ModelsReply};
+use kvroute_core::objectives::Objective;
 use kvroute_core::path_policy;
-use kvroute_core::request::{parse, ApiKind, InferenceRequest};
+use kvroute_core::request::{parse, read_model, ApiKind, InferenceRequest};
 use log::debug;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -58,6 +64,11 @@ pub struct RequestFilter {
     chosen_answered: bool,
     /// The client asked for a stream (`"stream": true`).
     stream: bool,
+    /// A `POST` kvroute does not hash (`/v1/embeddings`, ...) whose body is
+    /// buffered only for its `model` (with `models` configured).
+    read_model: bool,
+    /// The request's objective (priority), from its header.
+    objective: Objective,
 }
 
 impl RequestFilter {
@@ -72,6 +83,8 @@ impl RequestFilter {
             decided: false,
             chosen_answered: true,
             stream: false,
+            read_model: false,
+            objective: Objective::DEFAULT,
         }
     }
 
@@ -85,12 +98,40 @@ impl RequestFilter {
         self.send_http_response(error.status(), headers, Some(error.body().as_bytes()));
     }
 
-    /// Routes and hands the choice to Envoy; `false` when the request was
-    /// answered locally (empty pool).
-    fn route(&mut self, request: Option<&InferenceRequest>) -> bool {
+    /// Routes among the endpoints serving `model` (`None`: not readable)
+    /// and hands the choice to Envoy; `false` when the request was answered
+    /// locally (model not served, shed, empty pool).
+    fn route(&mut self, request: Option<&InferenceRequest>, model: Option<&str>) -> bool {
         self.decided = true;
         let now = now_ms(self);
-        let routed = self.state.borrow_mut().route(request, now);
+        let scope = self.state.borrow().router.scope(model);
+        let Ok(scope) = scope else {
+            self.state.borrow().stats.inc(Counter::ModelNotFound);
+            self.reply(ErrorReply::ModelNotFound);
+            return false;
+        };
+        let objective = self.objective;
+        let shed = {
+            let state = self.state.borrow();
+            if state.config().objectives.is_some() {
+                state
+                    .stats
+                    .objective_inc(objective.index, ObjectiveCounter::Requests);
+            }
+            let shed = state.shed(objective, scope, now);
+            if shed {
+                state.stats.inc(Counter::Shed);
+                state
+                    .stats
+                    .objective_inc(objective.index, ObjectiveCounter::Shed);
+            }
+            shed.then_some(state.config().saturation.retry_after_secs)
+        };
+        if let Some(retry_after_secs) = shed {
+            self.reply(ErrorReply::Shed { retry_after_secs });
+            return false;
+        }
+        let routed = self.state.borrow_mut().route(request, scope, now);
         match routed {
             Some(r) => {
                 let header = self.state.borrow().config().destination_header.clone();
@@ -115,6 +156,16 @@ impl RequestFilter {
         }
     }
 
+    /// Whether `models` is configured (requests are scoped by model).
+    fn has_models(&self) -> bool {
+        !self.state.borrow().config().models.is_empty()
+    }
+
+    /// The `model` of a body kvroute did not parse, when models matter.
+    fn model_only(&self, body: &[u8]) -> Option<String> {
+        self.has_models().then(|| read_model(body)).flatten()
+    }
+
     /// The whole body is buffered: parse it and route.
     fn body_complete(&mut self) -> Action {
         let prefix = self.state.borrow().config().prefix.clone();
@@ -133,10 +184,45 @@ impl RequestFilter {
             }
             None => None,
         };
-        if self.route(request.as_ref()) {
+        let model = match &request {
+            Some(r) => Some(r.model.clone()),
+            None => self.model_only(&body),
+        };
+        if self.route(request.as_ref(), model.as_deref()) {
             Action::Continue
         } else {
             Action::Pause
+        }
+    }
+
+    /// With `models` configured, `GET /v1/models` and `/v1/models/{id}` are
+    /// answered from the config (`models::listing`): `Some(Pause)` then.
+    fn answer_models_path(&mut self, path: &str) -> Option<Action> {
+        let canonical = path_policy::canonical(path)?;
+        let reply = listing::answer(self.state.borrow().router.models(), &canonical)?;
+        self.decided = true;
+        self.state.borrow().stats.inc(Counter::ModelsListed);
+        match reply {
+            ModelsReply::Found(body) => self.send_http_response(
+                200,
+                vec![("content-type", "application/json")],
+                Some(body.as_bytes()),
+            ),
+            ModelsReply::NotFound => {
+                self.state.borrow().stats.inc(Counter::ModelNotFound);
+                self.reply(ErrorReply::ModelNotFound);
+            }
+        }
+        Some(Action::Pause)
+    }
+
+    /// The objective the request's header names (the default without
+    /// `objectives`, without the header, or for a name not listed).
+    fn objective_of_request(&self) -> Objective {
+        let state = self.state.borrow();
+        match &state.config().objectives {
+            Some(o) => o.resolve(self.get_http_request_header(&o.header).as_deref()),
+            None => Objective::DEFAULT,
         }
     }
 
@@ -208,9 +294,17 @@ impl HttpContext for RequestFilter {
             self.reply(ErrorReply::PathNotAllowed);
             return Action::Pause;
         }
-        let is_post = self.get_http_request_header(":method").as_deref() == Some("POST");
+        let method = self.get_http_request_header(":method");
+        if method.as_deref() == Some("GET") {
+            if let Some(action) = self.answer_models_path(&path) {
+                return action;
+            }
+        }
+        self.objective = self.objective_of_request();
+        let is_post = method.as_deref() == Some("POST");
         self.api = ApiKind::from_path(&path).filter(|_| is_post);
-        if self.api.is_some() && !end_of_stream {
+        self.read_model = is_post && self.api.is_none() && self.has_models();
+        if (self.api.is_some() || self.read_model) && !end_of_stream {
             return Action::Pause; // wait for the body
         }
         if self.api.is_some() {
@@ -218,7 +312,7 @@ impl HttpContext for RequestFilter {
         } else {
             self.state.borrow().stats.inc(Counter::Passthrough);
         }
-        if self.route(None) {
+        if self.route(None, None) {
             Action::Continue
         } else {
             Action::Pause
@@ -233,7 +327,14 @@ impl HttpContext for RequestFilter {
         let max = self.state.borrow().config().max_body_bytes;
         if body_size > max {
             self.state.borrow().stats.inc(Counter::BodyTooLarge);
-            return if self.route(None) {
+            // The model usually leads the body: read it from the first part.
+            let model = if self.has_models() {
+                let head = self.get_http_request_body(0, max).unwrap_or_default();
+                self.model_only(&head)
+            } else {
+                None
+            };
+            return if self.route(None, model.as_deref()) {
                 Action::Continue
             } else {
                 Action::Pause

@@ -71,9 +71,15 @@ pub enum Counter {
     PeerBytes,
     /// Sync requests this replica answered.
     PeerServed,
+    /// Requests for a model no `models` entry serves (JSON 404).
+    ModelNotFound,
+    /// `GET /v1/models` (and `/v1/models/{id}`) answered from the config.
+    ModelsListed,
+    /// Requests shed (429): sheddable objective, every endpoint saturated.
+    Shed,
 }
 
-const COUNTERS: [(Counter, &str); 27] = [
+const COUNTERS: [(Counter, &str); 30] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -104,7 +110,19 @@ const COUNTERS: [(Counter, &str); 27] = [
     (Counter::PeerSkipped, "kvroute.peer.skipped"),
     (Counter::PeerBytes, "kvroute.peer.bytes"),
     (Counter::PeerServed, "kvroute.peer.served"),
+    (Counter::ModelNotFound, "kvroute.model_not_found"),
+    (Counter::ModelsListed, "kvroute.models_listed"),
+    (Counter::Shed, "kvroute.shed"),
 ];
+
+/// What happened to a request of an objective (per-objective counters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectiveCounter {
+    /// Requests naming the objective that reached a decision (routed or shed).
+    Requests,
+    /// Of those, requests shed with 429.
+    Shed,
+}
 
 /// Per-endpoint gauges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -165,6 +183,9 @@ pub struct Stats {
     peer_lag_ms: Option<u32>,
     peer_replicas: Option<u32>,
     per_endpoint: HashMap<(Endpoint, &'static str), Option<u32>>,
+    /// `[requests, shed]` per listed objective (sorted names), then the
+    /// default (requests naming no listed objective).
+    per_objective: Vec<[Option<u32>; 2]>,
 }
 
 impl Stats {
@@ -183,6 +204,33 @@ impl Stats {
             peer_lag_ms: define_metric(MetricType::Histogram, "kvroute.peer.lag_ms").ok(),
             peer_replicas: define_metric(MetricType::Gauge, "kvroute.peer.replicas").ok(),
             per_endpoint: HashMap::new(),
+            per_objective: Vec::new(),
+        }
+    }
+
+    /// Defines the per-objective counters (`objectives.priorities` names,
+    /// sorted, then the default bucket), once per VM.
+    pub fn define_objectives<'a>(&mut self, names: impl Iterator<Item = &'a str>) {
+        let define = |prefix: String| {
+            [
+                define_metric(MetricType::Counter, &format!("{prefix}.requests")).ok(),
+                define_metric(MetricType::Counter, &format!("{prefix}.shed")).ok(),
+            ]
+        };
+        self.per_objective = names
+            .map(|n| define(format!("kvroute.objective.{n}")))
+            .collect();
+        self.per_objective
+            .push(define("kvroute.objective_default".into()));
+    }
+
+    /// Adds one to a counter of objective `index` (`None`: the default).
+    pub fn objective_inc(&self, index: Option<usize>, counter: ObjectiveCounter) {
+        let i = index.unwrap_or(self.per_objective.len().saturating_sub(1));
+        if let Some(ids) = self.per_objective.get(i) {
+            if let Some(id) = ids[counter as usize] {
+                let _ = increment_metric(id, 1);
+            }
         }
     }
 

@@ -11,6 +11,8 @@ use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
 use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
+use kvroute_core::models::Scope;
+use kvroute_core::objectives::Objective;
 use kvroute_core::outlier::{Outcome, OutlierTable};
 use kvroute_core::peer::table::PeerLoad;
 use kvroute_core::prefix::Prompt;
@@ -82,10 +84,14 @@ impl VmState {
         store.create_keys();
         let cursor = store.cursor();
         let seed = config.scheduling.seed.unwrap_or(vm_id);
+        let mut stats = Stats::define();
+        if let Some(o) = &config.objectives {
+            stats.define_objectives(o.names());
+        }
         VmState {
             router: Router::new(config),
             store,
-            stats: Stats::define(),
+            stats,
             vm_id,
             states: EndpointStates::default(),
             outliers: OutlierTable::default(),
@@ -148,9 +154,22 @@ impl VmState {
         }
     }
 
+    /// Whether a request of `objective` and `scope` is shed (as of the
+    /// last tick's scrape states): see `Router::shed`.
+    pub fn shed(&self, objective: Objective, scope: Scope, now_ms: u64) -> bool {
+        self.router
+            .shed(objective, scope, &self.states, &self.outliers, now_ms)
+    }
+
     /// Routes one request (`None` when its body was not understood or it is
-    /// not an inference request): decide, learn, publish, count.
-    pub fn route(&mut self, request: Option<&InferenceRequest>, now_ms: u64) -> Option<Routed> {
+    /// not an inference request) among the endpoints of `scope` (its
+    /// model's): decide, learn, publish, count.
+    pub fn route(
+        &mut self,
+        request: Option<&InferenceRequest>,
+        scope: Scope,
+        now_ms: u64,
+    ) -> Option<Routed> {
         self.replay_log();
         let (prompt, prompt_tokens) = match request {
             Some(r) => (r.prompt(), r.prompt_tokens(&self.config().prefix)),
@@ -159,7 +178,8 @@ impl VmState {
         let blocks = prompt.blocks;
         let inflight = self.store.inflight();
         let peer_load = &self.peer_load;
-        let decision = self.router.decide(
+        let decision = self.router.decide_in(
+            scope,
             prompt,
             prompt_tokens,
             &self.states,

@@ -154,6 +154,7 @@ impl FleetArgs {
                 max_num_seqs: self.max_num_seqs,
                 time_scale,
                 seed: self.sim_seed,
+                extra_args: Vec::new(),
             },
             run: RunSettings {
                 users: self.users,

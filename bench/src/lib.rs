@@ -11,6 +11,7 @@ pub mod experiment;
 pub mod gateway;
 pub mod gateway_cost;
 pub mod measure;
+pub mod mixed;
 pub mod overhead;
 pub mod plot;
 pub mod pod_metrics;

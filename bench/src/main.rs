@@ -25,6 +25,9 @@ enum Command {
     Overhead(kvroute_bench::overhead::OverheadArgs),
     /// Fleet scale (issue 14): Envoy CPU of scraping and snapshot freshness at 64-1024 idle endpoints.
     ScrapeScale(kvroute_bench::scrape_scale::ScrapeScaleArgs),
+    /// Several models (issue 15): two base models, LoRA adapters, interactive chat beside a
+    /// batch stream, with the batch objective sheddable and then not.
+    Mixed(kvroute_bench::mixed::MixedArgs),
 }
 
 /// Runs `fut`, turning Ctrl-C into an error so that every process guard is dropped.
@@ -49,5 +52,6 @@ fn main() -> anyhow::Result<()> {
         Command::Setup(a) => commands::setup(&a),
         Command::Overhead(args) => kvroute_bench::overhead::run(&args),
         Command::ScrapeScale(args) => kvroute_bench::scrape_scale::run(&args),
+        Command::Mixed(a) => block_on(kvroute_bench::mixed::mixed(&a)),
     }
 }

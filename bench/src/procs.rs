@@ -87,6 +87,8 @@ pub struct SimSettings {
     pub time_scale: f64,
     /// Seed of the answers.
     pub seed: u64,
+    /// Further `kvroute-sim` arguments (`--model`, `--lora-adapters`, ...).
+    pub extra_args: Vec<String>,
 }
 
 /// A running simulator process and its pods' addresses.
@@ -121,6 +123,7 @@ pub fn start_sim(binary: &Path, s: &SimSettings, logs: &Path) -> Result<Sim> {
         &s.time_scale.to_string(),
     ])
     .args(["--seed", &s.seed.to_string()])
+    .args(&s.extra_args)
     .stdout(Stdio::piped())
     .stderr(Stdio::from(std::fs::File::create(
         logs.join("sim.stderr.log"),

@@ -62,11 +62,16 @@ pub struct Exchange {
 /// The model name sent to the sim (it accepts any).
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
-struct Answer {
-    ttft: Option<Duration>,
-    text: String,
-    tokens: u64,
-    pod: Option<usize>,
+/// A streamed completion as the client saw it.
+pub struct Answer {
+    /// Time to the first token (wall).
+    pub ttft: Option<Duration>,
+    /// The generated text.
+    pub text: String,
+    /// Output tokens.
+    pub tokens: u64,
+    /// Pod that answered (`x-kvroute-sim-pod`).
+    pub pod: Option<usize>,
 }
 
 async fn complete(
@@ -76,16 +81,29 @@ async fn complete(
     prompt: &str,
     max_tokens: u32,
 ) -> Result<Answer> {
+    complete_as(client, url, model, &[], prompt, max_tokens).await
+}
+
+/// A streaming `/v1/completions` request for `model` with extra request
+/// `headers`; an HTTP error is an `Err` whose text starts `HTTP <status>`.
+pub async fn complete_as(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    headers: &[(&str, &str)],
+    prompt: &str,
+    max_tokens: u32,
+) -> Result<Answer> {
     let body = serde_json::json!({
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
         "stream_options": {"include_usage": true}, "temperature": 0.0,
     });
     let t0 = Instant::now();
-    let resp = client
-        .post(format!("{url}/v1/completions"))
-        .json(&body)
-        .send()
-        .await?;
+    let mut req = client.post(format!("{url}/v1/completions")).json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await?;
     let status = resp.status();
     let pod = resp
         .headers()

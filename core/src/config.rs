@@ -5,7 +5,10 @@
 //! user-facing reference and must list every field here with its default.
 
 use crate::endpoint::Endpoint;
+use crate::models::{self, ModelPool};
+use crate::objectives::ObjectivesConfig;
 use crate::path_policy::{default_allowed_paths, PathRule};
+use crate::saturation::SaturationConfig;
 use serde::Deserialize;
 use std::fmt;
 
@@ -58,6 +61,14 @@ pub struct Config {
     /// Other kvroute gateways (replicas) to share decisions and in-flight
     /// work with (see `peer/`); absent: this gateway is alone.
     pub peers: Option<PeersConfig>,
+    /// Model-aware pools: which endpoints serve which model and adapters
+    /// (see `models/`); empty: every endpoint serves every model.
+    pub models: Vec<ModelPool>,
+    /// Request priorities named by a header (see `objectives.rs`); absent:
+    /// every request has priority 0 and none is ever shed.
+    pub objectives: Option<ObjectivesConfig>,
+    /// When an endpoint counts as saturated, for shedding (`saturation.rs`).
+    pub saturation: SaturationConfig,
 }
 
 impl Default for Config {
@@ -78,6 +89,9 @@ impl Default for Config {
             shared: SharedConfig::default(),
             failover: FailoverConfig::default(),
             peers: None,
+            models: Vec::new(),
+            objectives: None,
+            saturation: SaturationConfig::default(),
         }
     }
 }
@@ -333,6 +347,8 @@ pub struct Weights {
     pub inflight_requests: f64,
     /// Uncached prompt tokens kvroute expects the endpoint still to prefill.
     pub inflight_tokens: f64,
+    /// LoRA adapter running / free slot / waiting (adapter requests only).
+    pub lora_affinity: f64,
 }
 
 impl Default for Weights {
@@ -346,6 +362,9 @@ impl Default for Weights {
             // once an endpoint is clearly overloaded (see scheduler docs).
             inflight_requests: 2.0,
             inflight_tokens: 1.0,
+            // Above 3.33: "running" beats "free slot" by more than the cold
+            // margin at equal load (scorer/lora_affinity.rs).
+            lora_affinity: 6.0,
         }
     }
 }
@@ -525,7 +544,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err(field: &str, value: impl fmt::Display, reason: &str) -> ConfigError {
+pub(crate) fn err(field: &str, value: impl fmt::Display, reason: &str) -> ConfigError {
     ConfigError {
         field: field.to_string(),
         value: value.to_string(),
@@ -653,7 +672,25 @@ impl Config {
                 return Err(err(&format!("endpoints[{i}]"), a, "listed twice"));
             }
         }
+        models::validate(&self.models, &self.endpoints, self.discovery.is_some())?;
         check_header_name("destination_header", &self.destination_header)?;
+        if let Some(o) = &self.objectives {
+            check_header_name("objectives.header", &o.header)?;
+            let internal = [
+                Some(self.destination_header.as_str()),
+                self.debug_header.as_deref(),
+                Some(STREAM_HEADER),
+            ];
+            if internal.contains(&Some(o.header.as_str())) {
+                return Err(err(
+                    "objectives.header",
+                    &o.header,
+                    "must differ from the headers kvroute sets (destination_header, debug_header, x-kvroute-stream)",
+                ));
+            }
+            o.validate()?;
+        }
+        self.saturation.validate(self.metrics.scrape_interval_ms)?;
         if let Some(h) = &self.debug_header {
             check_header_name("debug_header", h)?;
             if h.eq_ignore_ascii_case(&self.destination_header) {
@@ -797,6 +834,7 @@ impl Config {
             ("scheduling.weights.kv_cache", w.kv_cache),
             ("scheduling.weights.inflight_requests", w.inflight_requests),
             ("scheduling.weights.inflight_tokens", w.inflight_tokens),
+            ("scheduling.weights.lora_affinity", w.lora_affinity),
         ] {
             if !(v.is_finite() && (0.0..=1000.0).contains(&v)) {
                 return Err(err(name, v, "must be a number in 0..=1000"));
@@ -1115,6 +1153,42 @@ mod tests {
                 r#"{"endpoints":["1.2.3.4:80"],"failover":{"retry":true}}"#,
                 "failover.retry",
             ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"models":[{"name":"a*b","endpoints":["1.2.3.4:80"]}]}"#,
+                "models[0].name",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"models":[{"name":"a","endpoints":["1.2.3.4:80"],"adapter":[]}]}"#,
+                "models[0].adapter",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"models":[{"name":"a","endpoints":["1.2.3.4:81"]}]}"#,
+                "models[0].endpoints[0]",
+            ),
+            (
+                r#"{"discovery":{},"models":[{"name":"a","endpoints":["1.2.3.4:81"]}]}"#,
+                "models",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"objectives":{"header":"x-kvroute-destination"}}"#,
+                "objectives.header",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"objectives":{"header":"X-Objective"}}"#,
+                "objectives.header",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"objectives":{"priorities":{"batch":"low"}}}"#,
+                "objectives.priorities.batch",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"objectives":{"priorities":{"Batch":-1}}}"#,
+                "objectives.priorities.Batch",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"saturation":{"kv_usage_threshold":80}}"#,
+                "saturation.kv_usage_threshold",
+            ),
             ("not json", "(config)"),
         ];
         for (json, field) in cases {
@@ -1122,6 +1196,26 @@ mod tests {
             assert_eq!(e.field, field, "{json}: {e}");
             assert!(e.to_string().contains(field), "{e}");
         }
+    }
+
+    #[test]
+    fn models_objectives_and_saturation_default_to_todays_behaviour() {
+        let c = parse(r#"{"endpoints":["1.2.3.4:80"]}"#).unwrap();
+        assert!(c.models.is_empty());
+        assert!(c.objectives.is_none());
+        assert_eq!(c.saturation.queue_threshold, 5.0);
+        assert_eq!(c.saturation.kv_usage_threshold, 0.8);
+        assert_eq!(c.saturation.stale_after(c.metrics.scrape_interval_ms), 200);
+        let c = parse(
+            r#"{"endpoints":["1.2.3.4:80","1.2.3.4:81"],
+                "models":[{"name":"a","endpoints":["1.2.3.4:80"],"adapters":["a-*"]},{"name":"b","endpoints":["1.2.3.4:81"]}],
+                "objectives":{"priorities":{"batch":-1}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.models.len(), 2);
+        let o = c.objectives.unwrap();
+        assert_eq!(o.header, "x-gateway-inference-objective");
+        assert_eq!(o.priorities["batch"], -1);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! clients of an inference API already parse:
 //! `{"error":{"message":...,"type":...,"param":null,"code":...}}`.
 //!
-//! The filter sends [`ErrorReply::PathNotAllowed`] and
+//! The filter sends [`ErrorReply::PathNotAllowed`],
+//! [`ErrorReply::ModelNotFound`], [`ErrorReply::Shed`] and
 //! [`ErrorReply::NoEndpoint`] itself; the errors Envoy generates (no healthy
 //! upstream, connect failure, body too large, timeout) get the same shape
 //! from the connection manager's `local_reply_config` in
@@ -20,6 +21,15 @@ pub enum ErrorReply {
     PathNotAllowed,
     /// The pool is empty: no endpoint can serve.
     NoEndpoint,
+    /// No `models` entry serves the requested model (or the body names
+    /// none): answered by the gateway, never sent to a pod.
+    ModelNotFound,
+    /// Every endpoint that could serve the request is saturated and its
+    /// objective's priority is negative (sheddable): 429, retry later.
+    Shed {
+        /// `Retry-After` seconds.
+        retry_after_secs: u32,
+    },
     /// On the peer listener: a sync request meant for another replica
     /// (Envoy's fallback picked this one): the asker must not take this
     /// replica's answer for that member's.
@@ -33,6 +43,8 @@ impl ErrorReply {
             ErrorReply::PathNotAllowed => 404,
             ErrorReply::NoEndpoint => 503,
             ErrorReply::MisdirectedSync => 421,
+            ErrorReply::ModelNotFound => 404,
+            ErrorReply::Shed { .. } => 429,
         }
     }
 
@@ -42,6 +54,8 @@ impl ErrorReply {
             ErrorReply::PathNotAllowed => "invalid_request_error",
             ErrorReply::NoEndpoint => "server_error",
             ErrorReply::MisdirectedSync => "invalid_request_error",
+            ErrorReply::ModelNotFound => "invalid_request_error",
+            ErrorReply::Shed { .. } => "rate_limit_exceeded",
         }
     }
 
@@ -51,6 +65,8 @@ impl ErrorReply {
             ErrorReply::PathNotAllowed => "path_not_allowed",
             ErrorReply::NoEndpoint => "no_endpoint",
             ErrorReply::MisdirectedSync => "misdirected_request",
+            ErrorReply::ModelNotFound => "model_not_found",
+            ErrorReply::Shed { .. } => "pool_saturated",
         }
     }
 
@@ -60,6 +76,12 @@ impl ErrorReply {
             ErrorReply::PathNotAllowed => "kvroute: this path is not served by the gateway",
             ErrorReply::NoEndpoint => "kvroute: no endpoint available",
             ErrorReply::MisdirectedSync => "kvroute: this sync request names another replica",
+            ErrorReply::ModelNotFound => {
+                "kvroute: the model does not exist or is not served by this gateway (see GET /v1/models)"
+            }
+            ErrorReply::Shed { .. } => {
+                "kvroute: every endpoint serving this model is saturated and the request's objective is sheddable; retry later"
+            }
         }
     }
 
@@ -69,6 +91,8 @@ impl ErrorReply {
             ErrorReply::PathNotAllowed => None,
             ErrorReply::NoEndpoint => Some(RETRY_AFTER_SECS),
             ErrorReply::MisdirectedSync => None,
+            ErrorReply::ModelNotFound => None,
+            ErrorReply::Shed { retry_after_secs } => Some(retry_after_secs),
         }
     }
 
@@ -98,6 +122,14 @@ mod tests {
             (ErrorReply::PathNotAllowed, 404, None),
             (ErrorReply::NoEndpoint, 503, Some(1)),
             (ErrorReply::MisdirectedSync, 421, None),
+            (ErrorReply::ModelNotFound, 404, None),
+            (
+                ErrorReply::Shed {
+                    retry_after_secs: 3,
+                },
+                429,
+                Some(3),
+            ),
         ] {
             let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
             let err = v["error"].as_object().unwrap();

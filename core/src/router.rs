@@ -11,6 +11,8 @@ use crate::config::{Config, Profile};
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
 use crate::metrics::{schedule, MetricsSnapshot};
+use crate::models::{ModelNotFound, ModelPools, Scope};
+use crate::objectives::Objective;
 use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
@@ -29,6 +31,7 @@ pub struct Router {
     last_picked: HashMap<Endpoint, u64>,
     capacity: HashMap<Endpoint, usize>,
     ttft: TtftModel,
+    models: ModelPools,
 }
 
 impl Router {
@@ -41,6 +44,7 @@ impl Router {
             last_picked: HashMap::new(),
             capacity: HashMap::new(),
             ttft: TtftModel::new(&config.scheduling.ttft),
+            models: ModelPools::new(&config.models),
             config,
         };
         router.set_pool(router.config.endpoints.clone());
@@ -50,6 +54,67 @@ impl Router {
     /// The validated configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The `models` table (empty without a `models` section).
+    pub fn models(&self) -> &ModelPools {
+        &self.models
+    }
+
+    /// Where a request for `model` may go (`None`: its model could not be
+    /// read); [`ModelNotFound`] when `models` is set and serves no such model.
+    pub fn scope(&self, model: Option<&str>) -> Result<Scope, ModelNotFound> {
+        self.models.scope(model)
+    }
+
+    /// Whether `endpoint` may serve a request of `scope`.
+    pub fn serves(&self, scope: Scope, endpoint: Endpoint) -> bool {
+        match scope {
+            Scope::All => true,
+            Scope::Model { pool, .. } => {
+                self.models.endpoints(pool).binary_search(&endpoint).is_ok()
+            }
+        }
+    }
+
+    /// Whether a request of `objective` and `scope` is shed (429) at
+    /// `now_ms`: its priority is negative and every endpoint that could
+    /// serve it is saturated. Checks saturation only for sheddable requests.
+    pub fn shed(
+        &self,
+        objective: Objective,
+        scope: Scope,
+        states: &EndpointStates,
+        outliers: &OutlierTable,
+        now_ms: u64,
+    ) -> bool {
+        objective.sheddable() && self.saturated(scope, states, outliers, now_ms)
+    }
+
+    /// Whether every endpoint that could serve a request of `scope` is
+    /// saturated at `now_ms` (`saturation.rs`): out of the candidate set
+    /// (failed scrapes, passive-health ejection), its load unknown or over
+    /// a threshold.
+    pub fn saturated(
+        &self,
+        scope: Scope,
+        states: &EndpointStates,
+        outliers: &OutlierTable,
+        now_ms: u64,
+    ) -> bool {
+        let threshold = self.config.metrics.unhealthy_after_failures;
+        let saturation = &self.config.saturation;
+        let stale_after = saturation.stale_after(self.config.metrics.scrape_interval_ms);
+        let aligned = states.aligned(&self.pool);
+        !self
+            .pool
+            .iter()
+            .zip(&aligned)
+            .filter(|(e, _)| self.serves(scope, **e))
+            .any(|(e, s)| {
+                let healthy = s.healthy(threshold) && !outliers.ejected(*e, now_ms);
+                !saturation.saturated(s, healthy, now_ms, stale_after)
+            })
     }
 
     /// Current pool members.
@@ -120,10 +185,38 @@ impl Router {
     /// (empty when the body was not understood; with its checkpoints, from
     /// `InferenceRequest::prompt`, leaves match too). An endpoint is healthy when
     /// its scrapes answer, passive health has not ejected it and it is not
-    /// stalled. `None` only for an empty pool.
+    /// stalled. `None` only for an empty pool. Every endpoint serves the
+    /// request: [`Router::decide_in`] with [`Scope::All`].
     #[allow(clippy::too_many_arguments)]
     pub fn decide<'a>(
         &self,
+        blocks: impl Into<Prompt<'a>>,
+        prompt_tokens: u64,
+        states: &EndpointStates,
+        outliers: &OutlierTable,
+        inflight: impl Fn(Endpoint) -> InFlight,
+        now_ms: u64,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Decision> {
+        self.decide_in(
+            Scope::All,
+            blocks,
+            prompt_tokens,
+            states,
+            outliers,
+            inflight,
+            now_ms,
+            rng,
+        )
+    }
+
+    /// [`Router::decide`] among the endpoints serving `scope` only (the
+    /// request's model): the others are not candidates at all, not even
+    /// as the health filter's fallback or as retry fallbacks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_in<'a>(
+        &self,
+        scope: Scope,
         blocks: impl Into<Prompt<'a>>,
         prompt_tokens: u64,
         states: &EndpointStates,
@@ -153,6 +246,7 @@ impl Router {
             .pool
             .iter()
             .zip(aligned)
+            .filter(|(&endpoint, _)| self.serves(scope, endpoint))
             .map(|(&endpoint, state)| {
                 let matched = find(&endpoint);
                 Candidate {
@@ -179,6 +273,10 @@ impl Router {
             // gateway rotates them instead (a hash spreads a few new
             // conversations less evenly than a rotation does).
             affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
+            adapter: match scope {
+                Scope::Model { adapter, .. } => adapter,
+                Scope::All => None,
+            },
         };
         self.scheduler.pick(&facts, &candidates, rng)
     }
@@ -422,6 +520,96 @@ mod tests {
             .decide(&blocks, 1280, &states, &none, waiting, 1_001, &mut rng)
             .unwrap();
         assert_eq!(d.endpoint, sticky);
+    }
+
+    fn two_models() -> Router {
+        let c = Config::from_json(
+            br#"{"endpoints":["10.0.0.1:8000","10.0.0.2:8000","10.0.0.3:8000","10.0.0.4:8000"],
+                "models":[{"name":"a","endpoints":["10.0.0.1:8000","10.0.0.2:8000"],"adapters":["a-lora"]},
+                          {"name":"b-*","endpoints":["10.0.0.3:8000","10.0.0.4:8000"]}],
+                "scheduling":{"seed":1}}"#,
+        )
+        .unwrap();
+        Router::new(c)
+    }
+
+    #[test]
+    fn a_model_is_scheduled_only_on_its_endpoints_even_when_they_are_down() {
+        let r = two_models();
+        let mut rng = fastrand::Rng::with_seed(1);
+        let a = r.scope(Some("a")).unwrap();
+        let b = r.scope(Some("b-7b")).unwrap();
+        assert_eq!(
+            r.scope(Some("a-lora")),
+            Ok(Scope::Model {
+                pool: 0,
+                adapter: Some(crate::metrics::lora::adapter_id("a-lora"))
+            })
+        );
+        assert!(r.scope(Some("c")).is_err());
+        assert_eq!(r.scope(None), Ok(Scope::All));
+        let mut states = idle_states(&r, 0);
+        // Model a's endpoints fail their scrapes: the health filter falls
+        // back among a's endpoints, never b's.
+        for e in [ep(1), ep(2)] {
+            for _ in 0..5 {
+                states.fail(e);
+            }
+        }
+        let none = OutlierTable::default();
+        for i in 0..50u64 {
+            let blocks = [i + 1];
+            for (scope, allowed) in [(a, [ep(1), ep(2)]), (b, [ep(3), ep(4)])] {
+                let d = r
+                    .decide_in(
+                        scope,
+                        &blocks[..],
+                        64,
+                        &states,
+                        &none,
+                        |_| InFlight::default(),
+                        0,
+                        &mut rng,
+                    )
+                    .unwrap();
+                assert!(allowed.contains(&d.endpoint), "{scope:?} -> {}", d.endpoint);
+                assert!(Router::fallbacks(&d, 3).iter().all(|f| allowed.contains(f)));
+                assert!(d.scores.iter().all(|(e, _)| allowed.contains(e)));
+            }
+        }
+    }
+
+    #[test]
+    fn saturated_only_when_every_endpoint_of_the_model_is() {
+        let r = two_models();
+        let a = r.scope(Some("a")).unwrap();
+        let b = r.scope(Some("b-1")).unwrap();
+        let none = OutlierTable::default();
+        let busy = MetricsSnapshot {
+            waiting: 5.0,
+            ..MetricsSnapshot::default()
+        };
+        let mut states = idle_states(&r, 1_000);
+        assert!(!r.saturated(a, &states, &none, 1_000));
+        states.succeed(ep(1), busy, 1_000);
+        assert!(!r.saturated(a, &states, &none, 1_000), "ep 2 is idle");
+        states.succeed(ep(2), busy, 1_000);
+        assert!(r.saturated(a, &states, &none, 1_000));
+        assert!(
+            !r.saturated(b, &states, &none, 1_000),
+            "b's endpoints are idle"
+        );
+        assert!(!r.saturated(Scope::All, &states, &none, 1_000));
+        // Stale figures count as saturated (200 ms by default).
+        assert!(r.saturated(b, &states, &none, 1_200));
+        // Only a negative priority is shed.
+        let batch = Objective {
+            index: Some(0),
+            priority: -1,
+        };
+        assert!(r.shed(batch, a, &states, &none, 1_000));
+        assert!(!r.shed(Objective::DEFAULT, a, &states, &none, 1_000));
+        assert!(!r.shed(batch, b, &states, &none, 1_000));
     }
 
     #[test]

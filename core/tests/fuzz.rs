@@ -22,6 +22,7 @@ mod support;
 use kvroute_core::config::{Config, MetricsConfig, PrefixConfig};
 use kvroute_core::discovery::{cluster_members, decode_pool, encode_pool};
 use kvroute_core::endpoint::Endpoint;
+use kvroute_core::metrics::lora::LoraSnapshot;
 use kvroute_core::metrics::scrape::classify;
 use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
 use kvroute_core::peer::table::PeerTable;
@@ -424,6 +425,11 @@ proptest! {
                     running: 1.5,
                     kv_usage: (b % 2 == 0).then_some(0.25),
                     kv_capacity_tokens: (b % 5 == 0).then_some(b),
+                    lora: (b % 7 != 0).then(|| LoraSnapshot::from_labels(
+                        &(0..b % 11).map(|k| format!("a{k}")).collect::<Vec<_>>().join(","),
+                        if b % 2 == 0 { "w1,w2" } else { "" },
+                        "2",
+                    )),
                 }, b),
             }
         }

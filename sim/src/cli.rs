@@ -45,6 +45,17 @@ pub struct Cli {
     /// Served model name (in /v1/models, responses and the model_name label).
     #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
     pub model: String,
+    /// LoRA adapters every pod serves (comma-separated names; requests name them in
+    /// `model`). Set: a request for any other model than `--model` or these gets 404, and
+    /// `/metrics` reports `vllm:lora_requests_info`.
+    #[arg(long, value_delimiter = ',')]
+    pub lora_adapters: Vec<String>,
+    /// Adapters loaded at once per pod (vLLM's `--max-loras`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub max_loras: u16,
+    /// Simulated milliseconds to load an adapter that is not loaded.
+    #[arg(long, default_value_t = 100.0)]
+    pub lora_load_ms: f64,
     /// KV-cache capacity per pod, in blocks (default: Llama-3.1-8B on an 80 GB H100).
     #[arg(long, default_value_t = 26_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub kv_blocks: u64,
@@ -116,6 +127,12 @@ pub struct SimConfig {
     pub control_port: Option<u16>,
     /// The step-time model.
     pub latency: LatencyModel,
+    /// LoRA adapters served (empty: none).
+    pub lora_adapters: Vec<String>,
+    /// Adapters loaded at once.
+    pub max_loras: usize,
+    /// Simulated seconds to load an adapter.
+    pub lora_load_s: f64,
 }
 
 impl Default for SimConfig {
@@ -136,6 +153,9 @@ impl Default for SimConfig {
             threads: None,
             control_port: None,
             latency: LatencyModel::default(),
+            lora_adapters: Vec::new(),
+            max_loras: 1,
+            lora_load_s: 0.1,
         }
     }
 }
@@ -150,6 +170,7 @@ impl Cli {
             ("--step-overhead-ms", self.step_overhead_ms),
             ("--per-token-us", self.per_token_us),
             ("--kv-read-per-token-ns", self.kv_read_per_token_ns),
+            ("--lora-load-ms", self.lora_load_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{name} must be >= 0, got {v}"));
@@ -178,6 +199,14 @@ impl Cli {
                 per_token_s: self.per_token_us / 1e6,
                 kv_read_per_token_s: self.kv_read_per_token_ns / 1e9,
             },
+            lora_adapters: self
+                .lora_adapters
+                .into_iter()
+                .map(|a| a.trim().to_owned())
+                .filter(|a| !a.is_empty())
+                .collect(),
+            max_loras: usize::from(self.max_loras),
+            lora_load_s: self.lora_load_ms / 1e3,
         })
     }
 }
@@ -221,5 +250,16 @@ mod tests {
             .into_config()
             .is_err());
         assert!(Cli::try_parse_from(["kvroute-sim", "--pods", "0"]).is_err());
+        let c = Cli::parse_from([
+            "kvroute-sim",
+            "--lora-adapters",
+            "sql, fin",
+            "--max-loras",
+            "2",
+        ])
+        .into_config()
+        .unwrap();
+        assert_eq!(c.lora_adapters, ["sql", "fin"]);
+        assert_eq!(c.max_loras, 2);
     }
 }

@@ -15,6 +15,7 @@ pub mod faults;
 pub mod kv_cache;
 pub mod latency;
 pub mod listener;
+pub mod lora;
 pub mod metrics;
 pub mod openai;
 pub mod pod;

@@ -37,6 +37,8 @@ pub struct InferenceRequest {
     pub stream: bool,
     /// `stream_options.include_usage: true`.
     pub include_usage: bool,
+    /// The `model` field, if any (a LoRA adapter's name selects it).
+    pub model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -55,6 +57,7 @@ enum PromptInput {
 
 #[derive(Deserialize)]
 struct CompletionRequest {
+    model: Option<String>,
     prompt: Option<PromptInput>,
     max_tokens: Option<i64>,
     n: Option<i64>,
@@ -84,6 +87,7 @@ struct ChatMessage {
 
 #[derive(Deserialize)]
 struct ChatRequest {
+    model: Option<String>,
     messages: Option<Vec<ChatMessage>>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
@@ -133,6 +137,7 @@ pub fn parse_completion(body: &[u8]) -> Result<InferenceRequest, String> {
         return Err("The prompt must not be empty.".to_owned());
     }
     Ok(InferenceRequest {
+        model: r.model,
         endpoint: Endpoint::Completions,
         prompt_tokens,
         max_tokens: max_tokens(r.max_tokens)?,
@@ -177,6 +182,7 @@ pub fn parse_chat(body: &[u8]) -> Result<InferenceRequest, String> {
         .collect();
     let prompt_tokens = render_chat(&template, r.add_generation_prompt.unwrap_or(true));
     Ok(InferenceRequest {
+        model: r.model,
         endpoint: Endpoint::Chat,
         prompt_tokens,
         max_tokens: max_tokens(r.max_completion_tokens.or(r.max_tokens))?,

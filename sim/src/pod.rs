@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use crate::cli::{EngineFlavor, SimConfig};
 use crate::faults::{FaultUpdate, Faults, METRICS_GARBAGE, PHANTOM_REQUEST_SECS};
 use crate::kv_cache::block_hashes;
+use crate::lora::{LoraConfig, LoraLease, LoraSlots};
 use crate::metrics::{render_sglang, render_vllm, MetricsSnapshot};
 use crate::openai::InferenceRequest;
 use crate::scheduler::{Progress, Scheduler, SchedulerConfig, SeqId, SeqRequest, SubmitError};
@@ -29,6 +30,8 @@ pub enum InferError {
     Injected,
     /// The request can never fit (too long) or is empty.
     Rejected(SubmitError),
+    /// With `--lora-adapters`: the model is neither the pod's nor one of its adapters.
+    UnknownModel(String),
 }
 
 struct EngineState {
@@ -64,6 +67,7 @@ pub struct Pod {
     port: AtomicU16,
     header: HeaderValue,
     created_unix: f64,
+    lora: LoraSlots,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,9 +123,16 @@ pub struct Generation {
     /// The request id within the pod.
     pub id: SeqId,
     source: Source,
+    /// The adapter slot the request runs with (released when it is dropped).
+    lora: Option<LoraLease>,
 }
 
 impl Generation {
+    /// The LoRA adapter the request runs with, if any.
+    pub fn adapter(&self) -> Option<&str> {
+        self.lora.as_ref().map(LoraLease::name)
+    }
+
     /// The next progress report; `None` once finished (or if the pod dropped it).
     pub async fn next(&mut self) -> Option<Progress> {
         let p = match &mut self.source {
@@ -222,6 +233,11 @@ impl Pod {
             port: AtomicU16::new(0),
             header: HeaderValue::from(index),
             created_unix: unix_now(),
+            lora: LoraSlots::new(LoraConfig {
+                adapters: cfg.lora_adapters.clone(),
+                max_loras: cfg.max_loras,
+                load: SimClock::new(cfg.time_scale).wall(cfg.lora_load_s),
+            }),
             cfg,
         })
     }
@@ -280,6 +296,16 @@ impl Pod {
         self.sched_cfg
             .check(prompt_len, req.max_tokens)
             .map_err(InferError::Rejected)?;
+        // An adapter request waits for its adapter (loaded, a slot free).
+        let lora = match req.model.as_deref() {
+            Some(m) if self.lora.enabled() && m != self.cfg.model => {
+                if !self.lora.serves(m) {
+                    return Err(InferError::UnknownModel(m.to_owned()));
+                }
+                Some(self.lora.acquire(m).await)
+            }
+            _ => None,
+        };
         let delay = Duration::from_millis(extra_ms)
             + self.clock.wall(phantoms as f64 * PHANTOM_REQUEST_SECS);
         if !delay.is_zero() {
@@ -310,6 +336,7 @@ impl Pod {
                 pieces,
                 id,
                 source: Source::Ready(Some(p)),
+                lora,
             });
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -335,6 +362,7 @@ impl Pod {
                     done: false,
                 },
             },
+            lora,
         })
     }
 
@@ -391,7 +419,11 @@ impl Pod {
         }
         let (snap, _) = self.snapshot();
         match self.cfg.engine {
-            EngineFlavor::Vllm => render_vllm(&snap, &self.cfg.model, self.created_unix),
+            EngineFlavor::Vllm => {
+                let mut text = render_vllm(&snap, &self.cfg.model, self.created_unix);
+                text.push_str(&self.lora.render(unix_now()));
+                text
+            }
             EngineFlavor::Sglang => render_sglang(&snap, &self.cfg.model),
         }
     }

@@ -91,19 +91,25 @@ async fn health() -> Response {
 async fn models(State(pod): State<Arc<Pod>>) -> Response {
     let cfg = pod.config();
     let owner = cfg.engine.as_str();
-    let body = serde_json::json!({
-        "object": "list",
-        "data": [{
-            "id": cfg.model,
-            "object": "model",
-            "created": unix_secs(),
-            "owned_by": owner,
-            "root": cfg.model,
-            "parent": null,
-            "max_model_len": cfg.kv_blocks * cfg.block_size,
-            "permission": [],
-        }],
+    let base = serde_json::json!({
+        "id": cfg.model,
+        "object": "model",
+        "created": unix_secs(),
+        "owned_by": owner,
+        "root": cfg.model,
+        "parent": null,
+        "max_model_len": cfg.kv_blocks * cfg.block_size,
+        "permission": [],
     });
+    // LoRA adapters are listed as vLLM lists them: their parent is the base model.
+    let adapters = cfg.lora_adapters.iter().map(|a| {
+        serde_json::json!({
+            "id": a, "object": "model", "created": unix_secs(), "owned_by": owner,
+            "root": a, "parent": cfg.model, "permission": [],
+        })
+    });
+    let data: Vec<_> = std::iter::once(base).chain(adapters).collect();
+    let body = serde_json::json!({"object": "list", "data": data});
     json(StatusCode::OK, body.to_string().into_bytes())
 }
 
@@ -189,6 +195,14 @@ async fn infer(pod: Arc<Pod>, req: InferenceRequest) -> Response {
                 "server_error",
             )
         }
+        Err(InferError::UnknownModel(m)) => {
+            // vLLM's answer for a model it does not serve.
+            return error(
+                StatusCode::NOT_FOUND,
+                &format!("The model `{m}` does not exist."),
+                "NotFoundError",
+            );
+        }
         Err(InferError::Rejected(SubmitError::Empty)) => {
             return bad_request("The prompt must not be empty.")
         }
@@ -209,7 +223,10 @@ async fn infer(pod: Arc<Pod>, req: InferenceRequest) -> Response {
     let meta = ResponseMeta {
         id: format!("{prefix}-{}-{:x}", pod.index(), gen.id),
         created: unix_secs(),
-        model: pod.config().model.clone(),
+        // vLLM answers with the requested model: the adapter's name for one.
+        model: gen
+            .adapter()
+            .map_or_else(|| pod.config().model.clone(), str::to_owned),
     };
     if stream {
         stream_response(endpoint, meta, gen, include_usage)

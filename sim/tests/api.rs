@@ -357,3 +357,65 @@ fn a_chat_stream_opens_with_its_first_token_not_before_the_prefill() {
         "first body byte after {waited:?}, before the prefill could finish"
     );
 }
+
+#[test]
+fn lora_adapters_are_served_listed_and_reported() {
+    let s = TestSim::start(SimConfig {
+        lora_adapters: vec!["sql-lora".into(), "fin-lora".into()],
+        max_loras: 1,
+        ..fast(1)
+    });
+    let ask = |model: &str| {
+        let body = serde_json::json!({"model": model, "prompt": "hello there", "max_tokens": 2});
+        post(&s.url(0, "/v1/completions"), &body.to_string())
+    };
+    let r = ask("sql-lora");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["model"], "sql-lora");
+    let base = SimConfig::default().model;
+    assert_eq!(ask(&base).json()["model"], base.as_str());
+    // A model the pod does not serve: vLLM's 404.
+    let r = ask("nope-lora");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(
+        r.json()["error"]["message"],
+        "The model `nope-lora` does not exist."
+    );
+    let ids: Vec<String> = get(&s.url(0, "/v1/models")).json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| format!("{}<{}", m["id"].as_str().unwrap(), m["parent"]))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            format!("{base}<null"),
+            format!("sql-lora<\"{base}\""),
+            format!("fin-lora<\"{base}\"")
+        ]
+    );
+    // The gauge: the current label set has the largest value; sql-lora was
+    // loaded and has nothing running.
+    let m = get(&s.url(0, "/metrics")).body;
+    let line = m
+        .lines()
+        .filter(|l| l.starts_with("vllm:lora_requests_info{"))
+        .max_by(|a, b| {
+            let v = |l: &str| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+            v(a).total_cmp(&v(b))
+        })
+        .unwrap_or_else(|| panic!("no gauge in {m}"));
+    assert!(
+        line.starts_with(r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} "#),
+        "{line}"
+    );
+    // Without --lora-adapters: any model is served and there is no gauge.
+    let plain = TestSim::start(fast(1));
+    let body = serde_json::json!({"model": "whatever", "prompt": "hi", "max_tokens": 2});
+    assert_eq!(
+        post(&plain.url(0, "/v1/completions"), &body.to_string()).status,
+        200
+    );
+    assert!(!get(&plain.url(0, "/metrics")).body.contains("lora"));
+}

@@ -8,9 +8,11 @@
 //! - [`snapshot`]: the result.
 //! - [`schedule`]: which endpoints are scraped on a tick (the pool's
 //!   scrape budget) and how the age thresholds follow the period.
+//! - [`lora`]: the LoRA adapters an endpoint runs (vLLM).
 //! - [`scrape`]: what a scrape (status + body) means for health and load.
 
 pub mod exposition;
+pub mod lora;
 pub mod profile;
 pub mod schedule;
 pub mod scrape;

@@ -9,6 +9,7 @@
 //! | `running` | `vllm:num_requests_running` | `sglang:num_running_reqs` | `trtllm_num_requests_running` | `llamacpp:requests_processing` |
 //! | `kv_usage` | `vllm:kv_cache_usage_perc`, else `vllm:gpu_cache_usage_perc` (V0 / early V1) | `sglang:token_usage` | `trtllm_kv_cache_utilization` | `llamacpp:kv_cache_usage_ratio` (servers before mid-2025; current ones have none) |
 //! | `kv_capacity_tokens` | `vllm:cache_config_info` labels `block_size` x `num_gpu_blocks` | - | - | - |
+//! | `lora` | `vllm:lora_requests_info` labels (the sample with the largest value: `metrics/lora.rs`) | - | - | - |
 //!
 //! llama.cpp: `requests_deferred` are requests waiting for a free slot (the
 //! queue), `requests_processing` the busy slots. A current `llama-server`
@@ -37,6 +38,7 @@
 //! model server kvroute understands, or it was misconfigured.
 
 use super::exposition::parse_filtered;
+use super::lora::LoraSnapshot;
 use super::{MetricsError, MetricsSnapshot};
 use crate::config::{Engine, MetricsConfig};
 
@@ -56,6 +58,9 @@ pub struct NameProfile<'a> {
     pub kv_usage_scale: f64,
     /// Info gauge with `block_size` and `num_gpu_blocks` labels.
     pub cache_config: Option<&'a str>,
+    /// Gauge with `running_lora_adapters`, `waiting_lora_adapters` and
+    /// `max_lora` labels (`lora.rs`).
+    pub lora_info: Option<&'a str>,
 }
 
 /// vLLM (V0 and V1 engines).
@@ -69,6 +74,7 @@ pub const VLLM: NameProfile<'static> = NameProfile {
     ],
     kv_usage_scale: 1.0,
     cache_config: Some("vllm:cache_config_info"),
+    lora_info: Some("vllm:lora_requests_info"),
 };
 
 /// SGLang.
@@ -79,6 +85,7 @@ pub const SGLANG: NameProfile<'static> = NameProfile {
     kv_usage: [Some("sglang:token_usage"), None],
     kv_usage_scale: 1.0,
     cache_config: None,
+    lora_info: None,
 };
 
 /// TensorRT-LLM's `trtllm-serve`.
@@ -89,6 +96,7 @@ pub const TRTLLM: NameProfile<'static> = NameProfile {
     kv_usage: [Some("trtllm_kv_cache_utilization"), None],
     kv_usage_scale: 1.0,
     cache_config: None,
+    lora_info: None,
 };
 
 /// llama.cpp's `llama-server --metrics`.
@@ -99,6 +107,7 @@ pub const LLAMACPP: NameProfile<'static> = NameProfile {
     kv_usage: [Some("llamacpp:kv_cache_usage_ratio"), None],
     kv_usage_scale: 1.0,
     cache_config: None,
+    lora_info: None,
 };
 
 impl<'a> NameProfile<'a> {
@@ -126,6 +135,7 @@ impl<'a> NameProfile<'a> {
             },
             kv_usage_scale: n.kv_usage_scale.unwrap_or(self.kv_usage_scale),
             cache_config: self.cache_config,
+            lora_info: self.lora_info,
         }
     }
 
@@ -143,6 +153,7 @@ impl<'a> NameProfile<'a> {
                 kv_usage: [None, None],
                 kv_usage_scale: 1.0,
                 cache_config: None,
+                lora_info: None,
             }
             .with_overrides(cfg)],
             e => vec![NameProfile::builtin(e).unwrap_or(VLLM).with_overrides(cfg)],
@@ -184,7 +195,7 @@ pub fn read(text: &str, cfg: &MetricsConfig) -> Result<(MetricsSnapshot, Engine)
     // Distinct wanted names; a slot per name.
     let mut names: Vec<&str> = Vec::with_capacity(16);
     for p in &profiles {
-        for n in p.load_names().chain(p.cache_config) {
+        for n in p.load_names().chain(p.cache_config).chain(p.lora_info) {
             if !names.contains(&n) {
                 names.push(n);
             }
@@ -193,8 +204,24 @@ pub fn read(text: &str, cfg: &MetricsConfig) -> Result<(MetricsSnapshot, Engine)
     let mut accs = vec![Acc::default(); names.len()];
     let mut capacity = Acc::default();
     let cache_names: Vec<&str> = profiles.iter().filter_map(|p| p.cache_config).collect();
+    let lora_names: Vec<&str> = profiles.iter().filter_map(|p| p.lora_info).collect();
+    // The current LoRA state: the sample with the largest value (time).
+    let mut lora: Option<(f64, LoraSnapshot)> = None;
     let mut parser = parse_filtered(text, |n| names.contains(&n));
     for s in parser.by_ref() {
+        if lora_names.contains(&s.name) {
+            let newer = lora.is_none_or(|(t, _)| s.value > t);
+            if s.value.is_finite() && newer {
+                let label = |l: &str| s.label(l).unwrap_or_default();
+                let snapshot = LoraSnapshot::from_labels(
+                    &label("running_lora_adapters"),
+                    &label("waiting_lora_adapters"),
+                    &label("max_lora"),
+                );
+                lora = Some((s.value, snapshot));
+            }
+            continue;
+        }
         if cache_names.contains(&s.name) {
             let num = |l: &str| s.label(l).and_then(|v| v.trim().parse::<u64>().ok());
             if let (Some(bs), Some(blocks)) = (num("block_size"), num("num_gpu_blocks")) {
@@ -249,6 +276,7 @@ pub fn read(text: &str, cfg: &MetricsConfig) -> Result<(MetricsSnapshot, Engine)
             running: count(p.running),
             kv_usage,
             kv_capacity_tokens,
+            lora: lora.filter(|_| p.lora_info.is_some()).map(|(_, l)| l),
         },
         p.engine,
     ))
@@ -280,6 +308,7 @@ mod tests {
             running: r,
             kv_usage: kv,
             kv_capacity_tokens: cap,
+            lora: None,
         }
     }
 
@@ -442,6 +471,58 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(read(text, &cfg(Engine::Auto)).unwrap().0, *want, "{text}");
         }
+    }
+
+    #[test]
+    fn vllm_lora_info_takes_the_newest_sample() {
+        use crate::metrics::lora::adapter_id;
+        // vLLM keeps one series per past label set; the value is the time
+        // it was set (`set_to_current_time`).
+        let text = "# HELP vllm:lora_requests_info Running stats on lora requests.\n\
+                    # TYPE vllm:lora_requests_info gauge\n\
+                    vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7898284e+09\n\
+                    vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"alpaca\",waiting_lora_adapters=\"underdog\"} 1.789828498802105e+09\n\
+                    vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"underdog\",waiting_lora_adapters=\"\"} 1.7898284e+09\n\
+                    vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1.0\n";
+        let (s, engine) = read(text, &cfg(Engine::Auto)).unwrap();
+        assert_eq!(engine, Engine::Vllm);
+        let lora = s.lora.expect("lora state");
+        assert!(lora.running(adapter_id("alpaca")));
+        assert!(lora.waiting(adapter_id("underdog")));
+        assert!(!lora.running(adapter_id("underdog")), "an older sample");
+        assert_eq!(lora.max_lora, 2);
+        // Engines without the gauge, or vLLM without LoRA: none.
+        let (s, _) = read("vllm:num_requests_waiting 1\n", &cfg(Engine::Auto)).unwrap();
+        assert_eq!(s.lora, None);
+        let text =
+            "sglang:num_queue_reqs 1\nvllm:lora_requests_info{running_lora_adapters=\"a\"} 1\n";
+        let (s, engine) = read(text, &cfg(Engine::Auto)).unwrap();
+        assert_eq!((engine, s.lora), (Engine::Sglang, None));
+    }
+
+    #[test]
+    fn a_real_vllm_lora_line_after_a_real_vllm_scrape() {
+        use crate::metrics::lora::adapter_id;
+        // Two real vLLM 0.29.0 sources (tests/fixtures/metrics/SOURCES.md):
+        // a scrape without LoRA, and the LoRA line of a run with adapters.
+        let text = [
+            include_str!("../../../tests/fixtures/metrics/vllm-0.29.0-v1-qwen2.5-1.5b-inferstack.txt"),
+            include_str!("../../../tests/fixtures/metrics/vllm-0.29.0-cpu-smollm2-lora-requests-info-line.txt"),
+        ]
+        .concat();
+        let (s, engine) = read(&text, &cfg(Engine::Auto)).unwrap();
+        assert_eq!(engine, Engine::Vllm);
+        let lora = s.lora.expect("lora state");
+        assert_eq!(
+            (lora.running_count, lora.waiting_count, lora.max_lora),
+            (1, 1, 2)
+        );
+        assert_eq!(lora.affinity(adapter_id("alpaca")), 1.0);
+        assert_eq!(
+            lora.affinity(adapter_id("underdog")),
+            0.0,
+            "both slots taken"
+        );
     }
 
     #[test]

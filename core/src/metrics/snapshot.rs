@@ -1,6 +1,7 @@
 //! One endpoint's load at one scrape: the few figures routing uses, already
 //! aggregated over the engine's series (see `metrics::profile` for how).
 
+use super::lora::LoraSnapshot;
 use serde::{Deserialize, Serialize};
 
 /// The load figures routing uses, read from one scrape.
@@ -16,4 +17,8 @@ pub struct MetricsSnapshot {
     /// KV-cache capacity in tokens (`block_size x num_gpu_blocks`, summed
     /// over series), when reported.
     pub kv_capacity_tokens: Option<u64>,
+    /// LoRA adapters running and waiting, when the engine reports them
+    /// (vLLM's `vllm:lora_requests_info`, see `lora.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSnapshot>,
 }

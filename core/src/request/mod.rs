@@ -92,6 +92,7 @@
 mod chat;
 mod completions;
 mod json_budget;
+mod model_field;
 #[cfg(test)]
 mod tests;
 
@@ -99,6 +100,7 @@ use crate::config::PrefixConfig;
 use crate::prefix::block::{seed, seed_with_tools, BlockHasher, Leaves, PromptHashes};
 use crate::prefix::Prompt;
 use json_budget::Budget;
+pub use model_field::read_model;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;

@@ -45,7 +45,7 @@
 //!   the prefix still apply, since kvroute knows those itself.
 //! - [`Reason`]: `Fallback` if the health filter kept unhealthy endpoints;
 //!   else `Cold` if no kept candidate holds any block (or the request has
-//!   none); else `Prefix` if the chosen endpoint holds blocks and that
+//!   none) and, for a LoRA adapter request, none runs the adapter; else `Prefix` if the chosen endpoint holds blocks and that
 //!   decided the pick (the affinity filter narrowed the set, or, rescored
 //!   as if it held no block, it would no longer be strictly best; a lone
 //!   candidate counts as decided by its prefix); else `Load`.
@@ -108,6 +108,9 @@ pub struct RequestFacts {
     /// every replica; `None` when the prompt was not read or the gateway
     /// has no peers.
     pub affinity_key: Option<u64>,
+    /// The LoRA adapter the request names (`metrics::lora::adapter_id`),
+    /// for the lora-affinity scorer; `None` for a base-model request.
+    pub adapter: Option<crate::metrics::lora::AdapterId>,
 }
 
 /// Why an endpoint was chosen.
@@ -222,14 +225,27 @@ impl Scheduler {
         // Cold: no live endpoint holds a prefix (not merely none that passed
         // the load filters: a hot sticky endpoint dropped by a filter makes
         // a load decision, not a cold one).
-        let cold = candidates
-            .iter()
-            .filter(|c| c.healthy || fallback)
-            .all(|c| (req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0);
+        //
+        // A request for a LoRA adapter that a live endpoint runs is not cold
+        // either: the running adapter is an affinity like a cached prefix,
+        // and the cold margin would otherwise rotate it away.
+        let live = || candidates.iter().filter(|c| c.healthy || fallback);
+        let adapter_runs = req.adapter.is_some_and(|a| {
+            live().any(|c| {
+                c.snapshot
+                    .and_then(|s| s.lora)
+                    .is_some_and(|l| l.running(a))
+            })
+        });
+        let cold = !adapter_runs
+            && live().all(|c| {
+                (req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0
+            });
         let w = &self.config.weights;
         let weight_sum = spec
             .scorers
             .iter()
+            .filter(|s| s.applies(req))
             .map(|s| s.weight(w))
             .filter(|x| x.is_finite() && *x > 0.0)
             .sum::<f64>();
@@ -292,7 +308,7 @@ impl Scheduler {
         let mut raw = Vec::with_capacity(kept.len());
         for s in spec.scorers {
             let weight = s.weight(&self.config.weights);
-            if weight <= 0.0 || !weight.is_finite() {
+            if weight <= 0.0 || !weight.is_finite() || !s.applies(ctx.req) {
                 continue;
             }
             s.score(ctx, kept, &mut raw);
@@ -318,6 +334,7 @@ pub(crate) mod test_support {
                 running: 0.0,
                 kv_usage: Some(0.1),
                 kv_capacity_tokens: None,
+                lora: None,
             }),
             healthy: true,
             matched_blocks: 0,
@@ -349,6 +366,7 @@ mod tests {
             total_blocks: blocks,
             prompt_tokens: blocks as u64 * 64,
             affinity_key: None,
+            adapter: None,
         }
     }
 
@@ -359,6 +377,7 @@ mod tests {
             running,
             kv_usage: Some(kv),
             kv_capacity_tokens: None,
+            lora: None,
         });
         c.inflight.requests = inflight;
         c
@@ -481,6 +500,47 @@ mod tests {
     }
 
     #[test]
+    fn a_running_adapter_is_an_affinity_not_a_cold_pick() {
+        use crate::metrics::lora::{adapter_id, LoraSnapshot};
+        let with_lora = |i, running: &str, waiting: f64| {
+            let mut c = loaded(i, waiting, 0.0, 0.1, 0);
+            c.snapshot.as_mut().unwrap().lora = Some(LoraSnapshot::from_labels(running, "", "1"));
+            c
+        };
+        // sql runs on 1, which also has one more request waiting; 0 and 2
+        // have a free slot and were picked less recently.
+        let mut cands = vec![
+            with_lora(0, "", 0.0),
+            with_lora(1, "sql", 1.0),
+            with_lora(2, "", 0.0),
+        ];
+        cands[1].last_picked_ms = Some(100);
+        let req = RequestFacts {
+            adapter: Some(adapter_id("sql")),
+            ..RequestFacts::default()
+        };
+        let s = Scheduler::new(&SchedulingConfig::default());
+        let mut rng = fastrand::Rng::with_seed(1);
+        for _ in 0..20 {
+            let d = s.pick(&req, &cands, &mut rng).unwrap();
+            assert_eq!(d.endpoint, cands[1].endpoint);
+            assert_eq!(d.reason, Reason::Load);
+        }
+        // Three more waiting: the free slots win.
+        cands[1].snapshot.as_mut().unwrap().waiting = 3.0;
+        let d = s.pick(&req, &cands, &mut rng).unwrap();
+        assert_ne!(d.endpoint, cands[1].endpoint);
+        // An adapter nobody runs: a cold pick among the free slots.
+        let other = RequestFacts {
+            adapter: Some(adapter_id("fin")),
+            ..RequestFacts::default()
+        };
+        let d = s.pick(&other, &cands, &mut rng).unwrap();
+        assert_eq!(d.reason, Reason::Cold);
+        assert_ne!(d.endpoint, cands[1].endpoint, "its only slot runs sql");
+    }
+
+    #[test]
     fn zero_weight_skips_a_scorer() {
         let cfg = SchedulingConfig {
             weights: Weights {
@@ -489,6 +549,7 @@ mod tests {
                 kv_cache: 0.0,
                 inflight_requests: 0.0,
                 inflight_tokens: 0.0,
+                lora_affinity: 0.0,
             },
             ..SchedulingConfig::default()
         };
@@ -538,6 +599,7 @@ mod tests {
             // with peers: odd seeds here).
             let facts = RequestFacts {
                 affinity_key: (seed % 2 == 1).then_some(seed << 32 | t as u64),
+                adapter: None,
                 ..req(blocks)
             };
             let d = s.pick(&facts, cands, &mut rng).unwrap();
@@ -576,6 +638,7 @@ mod tests {
         let s = sched(Profile::Weighted);
         let facts = RequestFacts {
             affinity_key: Some(0xabc),
+            adapter: None,
             ..req(8)
         };
         let picks: Vec<Endpoint> = (0..3)
@@ -771,6 +834,7 @@ mod conversation_tests {
                     total_blocks: blocks,
                     prompt_tokens: blocks as u64 * 64,
                     affinity_key: None,
+                    adapter: None,
                 };
                 let d = s.pick(&req, &cands, &mut rng).unwrap();
                 let e = cands.iter().position(|c| c.endpoint == d.endpoint).unwrap();

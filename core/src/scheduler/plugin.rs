@@ -54,6 +54,11 @@ pub trait Scorer: fmt::Debug + Sync {
     fn name(&self) -> &'static str;
     /// This scorer's weight in `weights`.
     fn weight(&self, weights: &Weights) -> f64;
+    /// Whether it scores this request at all (when not, its weight does not
+    /// count either); every request by default.
+    fn applies(&self, _req: &RequestFacts) -> bool {
+        true
+    }
     /// Writes one score per entry of `kept` into `out` (cleared first).
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>);
 }

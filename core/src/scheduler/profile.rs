@@ -3,8 +3,8 @@
 //!
 //! | profile | filters | scorers (weight) | picker |
 //! |---|---|---|---|
-//! | `weighted` (default) | health, overload | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1) | max score; cold: least recently picked |
-//! | `affinity_gate` | health, affinity gate | queue, kv_cache, inflight_requests, inflight_tokens | same |
+//! | `weighted` (default) | health, overload | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1); lora_affinity (4) for adapter requests only | max score; cold: least recently picked |
+//! | `affinity_gate` | health, affinity gate | queue, kv_cache, inflight_requests, inflight_tokens; lora_affinity for adapter requests | same |
 //! | `predicted_ttft` | health | none: lowest predicted TTFT (`ttft.rs`) | min TTFT; cold: within `cold_margin` of the best, least recently picked |
 //!
 //! `weighted` is llm-d's default scorer profile (prefix 3 / queue 2 /
@@ -24,7 +24,8 @@
 use super::filter::{AffinityGateFilter, HealthFilter, OverloadFilter};
 use super::plugin::{Filter, Scorer};
 use super::scorer::{
-    InFlightRequestsScorer, InFlightTokensScorer, KvCacheScorer, PrefixScorer, QueueScorer,
+    InFlightRequestsScorer, InFlightTokensScorer, KvCacheScorer, LoraAffinityScorer, PrefixScorer,
+    QueueScorer,
 };
 use crate::config::Profile;
 
@@ -48,6 +49,7 @@ static WEIGHTED: ProfileSpec = ProfileSpec {
         &KvCacheScorer,
         &InFlightRequestsScorer,
         &InFlightTokensScorer,
+        &LoraAffinityScorer,
     ],
 };
 
@@ -59,6 +61,7 @@ static AFFINITY_GATE: ProfileSpec = ProfileSpec {
         &KvCacheScorer,
         &InFlightRequestsScorer,
         &InFlightTokensScorer,
+        &LoraAffinityScorer,
     ],
 };
 
@@ -102,12 +105,14 @@ mod tests {
                 "queue",
                 "kv-cache",
                 "inflight-requests",
-                "inflight-tokens"
+                "inflight-tokens",
+                "lora-affinity"
             ]
         );
         let (f, s) = names(spec(Profile::AffinityGate));
         assert_eq!(f, ["health", "affinity-gate"]);
         assert!(!s.contains(&"prefix"));
+        assert!(s.contains(&"lora-affinity"));
         assert_eq!(spec(Profile::AffinityGate).name, "affinity_gate");
     }
 }

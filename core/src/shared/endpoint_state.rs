@@ -3,6 +3,7 @@
 //! and how many scrapes in a row have failed (the health signal).
 
 use crate::endpoint::Endpoint;
+use crate::metrics::lora::{LoraSnapshot, MAX_LISTED};
 use crate::metrics::scrape::ScrapeOutcome;
 use crate::metrics::MetricsSnapshot;
 use serde::{Deserialize, Serialize};
@@ -139,8 +140,10 @@ impl EndpointStates {
     /// this is 36-74). Layout (little endian): `KVES`, version, entry count
     /// (u16), then per entry the endpoint (4 + 4 bytes or 6 + 16 bytes, then
     /// the port), `scraped_at_ms` (u64), `answered_at_ms` (u64), `failures`
-    /// (u32), a flag byte (bit 0: snapshot, 1: kv_usage, 2: kv_capacity_tokens)
-    /// and the snapshot's fields present.
+    /// (u32), a flag byte (bit 0: snapshot, 1: kv_usage, 2: kv_capacity_tokens,
+    /// 3: lora) and the snapshot's fields present; `lora` is its three
+    /// counts (u16) and the listed adapter ids (u32 each, running then
+    /// waiting, as many as the counts capped at [`MAX_LISTED`]).
     pub fn encode(&self) -> Vec<u8> {
         let n = self.entries.len().min(u16::MAX as usize);
         let mut out = Vec::with_capacity(7 + n * 64);
@@ -163,9 +166,12 @@ impl EndpointStates {
                 running,
                 kv_usage,
                 kv_capacity_tokens,
+                lora,
             } = snap;
             out.push(
-                1 | u8::from(kv_usage.is_some()) << 1 | u8::from(kv_capacity_tokens.is_some()) << 2,
+                1 | u8::from(kv_usage.is_some()) << 1
+                    | u8::from(kv_capacity_tokens.is_some()) << 2
+                    | u8::from(lora.is_some()) << 3,
             );
             out.extend_from_slice(&waiting.to_le_bytes());
             out.extend_from_slice(&running.to_le_bytes());
@@ -174,6 +180,9 @@ impl EndpointStates {
             }
             if let Some(c) = kv_capacity_tokens {
                 out.extend_from_slice(&c.to_le_bytes());
+            }
+            if let Some(l) = lora {
+                encode_lora(&l, &mut out);
             }
         }
         out
@@ -197,7 +206,40 @@ impl EndpointStates {
 }
 
 const MAGIC: &[u8; 4] = b"KVES";
-const VERSION: u8 = 1;
+/// Version 2 added the `lora` flag; a version 1 value (no such flag)
+/// decodes as well.
+const VERSION: u8 = 2;
+
+fn listed(count: u16) -> usize {
+    usize::from(count).min(MAX_LISTED)
+}
+
+fn encode_lora(l: &LoraSnapshot, out: &mut Vec<u8>) {
+    for c in [l.running_count, l.waiting_count, l.max_lora] {
+        out.extend_from_slice(&c.to_le_bytes());
+    }
+    let running = &l.running[..listed(l.running_count)];
+    let waiting = &l.waiting[..listed(l.waiting_count)];
+    for id in running.iter().chain(waiting) {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+}
+
+fn decode_lora(r: &mut &[u8]) -> Option<LoraSnapshot> {
+    let mut l = LoraSnapshot {
+        running_count: u16::from_le_bytes(next(r)?),
+        waiting_count: u16::from_le_bytes(next(r)?),
+        max_lora: u16::from_le_bytes(next(r)?),
+        ..LoraSnapshot::default()
+    };
+    for i in 0..listed(l.running_count) {
+        l.running[i] = u32::from_le_bytes(next(r)?);
+    }
+    for i in 0..listed(l.waiting_count) {
+        l.waiting[i] = u32::from_le_bytes(next(r)?);
+    }
+    Some(l)
+}
 
 /// The next `N` bytes of `r`, advancing it.
 fn next<const N: usize>(r: &mut &[u8]) -> Option<[u8; N]> {
@@ -208,7 +250,7 @@ fn next<const N: usize>(r: &mut &[u8]) -> Option<[u8; N]> {
 
 fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
     let r = &mut r;
-    if next::<1>(r)?[0] != VERSION {
+    if !(1..=VERSION).contains(&next::<1>(r)?[0]) {
         return None;
     }
     let n = u16::from_le_bytes(next(r)?) as usize;
@@ -246,6 +288,11 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
                 },
                 kv_capacity_tokens: if flags & 4 != 0 {
                     Some(u64::from_le_bytes(next(r)?))
+                } else {
+                    None
+                },
+                lora: if flags & 8 != 0 {
+                    Some(decode_lora(r)?)
                 } else {
                     None
                 },
@@ -390,6 +437,12 @@ mod tests {
                 running: 0.5,
                 kv_usage: (i % 2 == 0).then_some(0.25),
                 kv_capacity_tokens: (i % 3 == 0).then_some(416_000),
+                // Every listing length, up to more adapters than are kept.
+                lora: (i % 7 != 0).then(|| {
+                    let names: Vec<String> = (0..i % 11).map(|k| format!("lora-{k}")).collect();
+                    let (run, wait) = names.split_at(names.len() / 2);
+                    LoraSnapshot::from_labels(&run.join(","), &wait.join(","), "4")
+                }),
             };
             match i % 4 {
                 0 => {

@@ -212,6 +212,7 @@ mod tests {
             total_blocks: 10,
             prompt_tokens: 640,
             affinity_key: None,
+            adapter: None,
         };
         let mut no_token_gate = cfg.clone();
         no_token_gate.gate_max_tokens_excess = None;

@@ -101,6 +101,7 @@ mod tests {
                 total_blocks: *blocks,
                 prompt_tokens: *tokens,
                 affinity_key: None,
+                adapter: None,
             };
             let cands: Vec<_> = rows
                 .iter()

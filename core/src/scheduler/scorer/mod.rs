@@ -4,12 +4,14 @@
 pub mod inflight_requests;
 pub mod inflight_tokens;
 pub mod kv_cache;
+pub mod lora_affinity;
 pub mod prefix;
 pub mod queue;
 
 pub use inflight_requests::InFlightRequestsScorer;
 pub use inflight_tokens::InFlightTokensScorer;
 pub use kv_cache::KvCacheScorer;
+pub use lora_affinity::LoraAffinityScorer;
 pub use prefix::PrefixScorer;
 pub use queue::QueueScorer;
 

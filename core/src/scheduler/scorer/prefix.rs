@@ -66,6 +66,7 @@ mod tests {
                 total_blocks: *total,
                 prompt_tokens: 100,
                 affinity_key: None,
+                adapter: None,
             };
             let cands: Vec<_> = matched
                 .iter()
