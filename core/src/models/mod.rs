@@ -192,7 +192,7 @@ impl ModelPools {
     }
 
     /// Whether a request of `scope` has nowhere to go yet: its entry's
-    /// endpoints are the listing ones, and no member of `pool` whose scrapes
+    /// endpoints are the listing ones, and no member of `pool` (sorted) whose scrapes
     /// answer (fewer than `unhealthy_after` failures in a row) lists it.
     /// The gateway answers 503 then (the model is configured; a pod serving
     /// it may come, or come back). Static entries are never unserved: their
@@ -213,10 +213,11 @@ impl ModelPools {
         ) {
             return false;
         }
-        !pool
-            .iter()
-            .zip(states.aligned(pool))
-            .any(|(e, s)| s.healthy(unhealthy_after) && self.serves(scope, *e, &s))
+        // An endpoint without an entry has listed nothing: only the entries
+        // can serve (no copy of any state: this runs per request).
+        !states.entries.iter().any(|(e, s)| {
+            s.healthy(unhealthy_after) && self.serves(scope, *e, s) && pool.binary_search(e).is_ok()
+        })
     }
 
     /// Where a request for `model` may go; `None` when its model could not
