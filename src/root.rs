@@ -335,10 +335,22 @@ impl KvRouteRoot {
         let listings = std::mem::take(&mut self.listings);
         let pool = state.router.pool().to_vec();
         let threshold = state.config().metrics.unhealthy_after_failures;
+        let lists = state.router.models().lists();
+        // Endpoints answering again after leaving the candidate set.
+        let mut back = Vec::new();
         let states = state.store.update_endpoint_states(|t| {
             t.retain(&pool);
+            back.clear();
             for &(endpoint, outcome, at) in &answers {
+                let was = t.healthy(endpoint, threshold);
                 t.record(endpoint, outcome, at);
+                // Maybe restarted with other models (or without the adapters
+                // loaded at run time): it serves no listed model until its
+                // list is read again, on the next tick.
+                if lists && !was && t.healthy(endpoint, threshold) {
+                    t.forget_served(endpoint);
+                    back.push(endpoint);
+                }
             }
             for (endpoint, outcome, at) in &listings {
                 // An endpoint that left the pool meanwhile is not added back.
@@ -373,6 +385,9 @@ impl KvRouteRoot {
             .stats
             .add(Counter::ScrapeSuccess, (answers.len() - failed) as u64);
         state.stats.add(Counter::ScrapeFailure, failed as u64);
+        for endpoint in back {
+            self.list_schedule.relist(endpoint);
+        }
         for &(endpoint, outcome, _) in &answers {
             let current = states.get(endpoint);
             if !matches!(outcome, ScrapeOutcome::Snapshot(_)) {

@@ -215,6 +215,47 @@ fn discovered_pods_serve_the_models_they_list() {
     let r = post_json(&envoy.url("/v1/chat/completions"), &chat("model-a", "on"));
     assert_eq!(r.status, 200, "{}", r.body);
 
+    // The pod comes back on the same address serving model-b instead (a
+    // restart with another served name). Its old list must not outlive the
+    // restart: model-c never reaches it, and it is listed again at once
+    // (not at the next refresh, 5 s away), so model-b soon does.
+    let c2 = Sim::start_at(
+        c.base_port,
+        1,
+        &["--time-scale", "0.01", "--model", "model-b"],
+    );
+    let start = Instant::now();
+    let mut reached = None;
+    let mut i = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        i += 1;
+        let r = post_json(
+            &envoy.url("/v1/chat/completions"),
+            &chat("model-c", &format!("after restart {i}")),
+        );
+        assert_eq!(
+            gateway_error(&r).1,
+            "model_unavailable",
+            "model-c went to the restarted pod"
+        );
+        let r = post_json(
+            &envoy.url("/v1/chat/completions"),
+            &chat("model-b", &format!("after restart {i}")),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["model"], "model-b");
+        if chosen(&r) == c2.endpoint(0) {
+            reached = Some(start.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reached = reached.expect("the restarted pod never got model-b");
+    assert!(
+        reached < Duration::from_secs(2),
+        "listed again only after {reached:?}"
+    );
+
     assert!(envoy.stat("wasmcustom.kvroute.models_list.read") >= 4.0);
     assert!(envoy.stat("wasmcustom.kvroute.model_unavailable") >= 3.0);
     assert_eq!(envoy.stat("wasmcustom.kvroute.model_not_found"), 1.0);

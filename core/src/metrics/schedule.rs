@@ -33,7 +33,8 @@
 //! endpoint never listed (it serves no listed model until then; retried
 //! every scrape period while it does not answer, every
 //! `metrics.models_refresh_ms` once it answers without a readable list),
-//! then every `metrics.models_refresh_ms`, spread over the ticks like the
+//! then every `metrics.models_refresh_ms` (and at once again when it answers
+//! after leaving the candidate set: [`ListingSchedule::relist`]), spread over the ticks like the
 //! scrapes (at most `n × elapsed / models_refresh_ms` refreshes a tick,
 //! oldest first). Listing calls are paid from the same budget: over it,
 //! each one takes a `/metrics` scrape's place ([`ScrapeSchedule::spend`]).
@@ -171,6 +172,8 @@ pub struct ListingSchedule {
     /// Refreshes paid for but not yet dispatched.
     credit: f64,
     last_tick_ms: Option<u64>,
+    /// Endpoints to list on the next tick whatever their age ([`ListingSchedule::relist`]).
+    forced: hashbrown::HashSet<Endpoint>,
 }
 
 impl ListingSchedule {
@@ -199,6 +202,7 @@ impl ListingSchedule {
         if self.attempts.len() > n {
             self.attempts.retain(|e, _| pool.binary_search(e).is_ok());
         }
+        self.forced.retain(|e| pool.binary_search(e).is_ok());
         let mut first = Vec::new();
         let mut refresh: Vec<(u64, Endpoint)> = Vec::new();
         for &e in pool {
@@ -206,6 +210,10 @@ impl ListingSchedule {
                 continue;
             }
             let tried = self.attempts.get(&e).copied();
+            if self.forced.remove(&e) {
+                first.push(e);
+                continue;
+            }
             match (listed_at(e), tried) {
                 (None, None) => first.push(e),
                 (None, Some((at, answered))) => {
@@ -238,6 +246,14 @@ impl ListingSchedule {
             self.attempts.insert(e, (now_ms, false));
         }
         due
+    }
+
+    /// `endpoint` answers again after it left the candidate set (failed
+    /// scrapes, or a request it did not answer): it may have restarted with
+    /// other models or without the adapters loaded at run time, so its list
+    /// is read again on the next tick instead of at the next refresh.
+    pub fn relist(&mut self, endpoint: Endpoint) {
+        self.forced.insert(endpoint);
     }
 
     /// The listing call to `endpoint` was answered (readable or not), or
@@ -591,6 +607,25 @@ mod tests {
             s.due(&p, 5_000, 50, 6_000, |e| e == p[2], never),
             [p[0], p[1]]
         );
+    }
+
+    #[test]
+    fn an_endpoint_back_in_the_candidate_set_is_listed_again_at_once() {
+        let p = pool(2);
+        let mut s = ListingSchedule::default();
+        let listed = |_| Some(1_000);
+        assert!(s.due(&p, 5_000, 50, 1_050, |_| false, listed).is_empty());
+        s.relist(p[1]);
+        // In flight: it waits for its answer, then goes.
+        assert!(s.due(&p, 5_000, 50, 1_100, |_| true, listed).is_empty());
+        assert_eq!(s.due(&p, 5_000, 50, 1_150, |_| false, listed), [p[1]]);
+        assert!(s.due(&p, 5_000, 50, 1_200, |_| false, listed).is_empty());
+        // One that left the pool is forgotten.
+        s.relist(p[0]);
+        assert!(s
+            .due(&p[1..], 5_000, 50, 1_250, |_| false, listed)
+            .is_empty());
+        assert!(s.due(&p, 5_000, 50, 1_300, |_| false, listed).is_empty());
     }
 
     #[test]

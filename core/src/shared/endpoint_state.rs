@@ -106,6 +106,24 @@ impl EndpointStates {
         was
     }
 
+    /// Whether `endpoint` is healthy (see [`ScrapeState::healthy`]), without
+    /// copying its state.
+    pub fn healthy(&self, endpoint: Endpoint, threshold: u32) -> bool {
+        match self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
+            Ok(i) => self.entries[i].1.healthy(threshold),
+            Err(_) => true,
+        }
+    }
+
+    /// Forgets `endpoint`'s `/v1/models` list: it serves no listed model
+    /// until it is read again (it answers again after leaving the candidate
+    /// set, and may have restarted with other models).
+    pub fn forget_served(&mut self, endpoint: Endpoint) {
+        if let Ok(i) = self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
+            self.entries[i].1.served = None;
+        }
+    }
+
     /// Records a `/v1/models` list read from `endpoint`.
     pub fn listed(&mut self, endpoint: Endpoint, served: ServedModels) {
         self.entry(endpoint).served = Some(served);
@@ -521,6 +539,23 @@ mod tests {
             }
         }
         t
+    }
+
+    #[test]
+    fn a_list_can_be_forgotten_and_health_read_without_a_copy() {
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:80");
+        t.listed(a, ServedModels::new(vec![1, 2], 5));
+        assert!(t.get(a).served.is_some_and(|s| s.serves(2)));
+        for _ in 0..3 {
+            t.fail(a);
+        }
+        assert!(!t.healthy(a, 3));
+        assert!(t.healthy(ep("10.0.0.2:80"), 3), "never scraped");
+        t.forget_served(a);
+        assert_eq!(t.get(a).served, None);
+        t.forget_served(ep("10.0.0.2:80"));
+        assert_eq!(t.entries.len(), 1, "forgetting adds nothing");
     }
 
     #[test]
