@@ -155,7 +155,7 @@ impl KvRouteRoot {
             schedule::period_ms(&cfg.metrics, pool.len()),
             now,
             |e| listing.contains(&e),
-            |e| state.states.get(e).served.map(|s| s.listed_at_ms),
+            |e| state.states.listed_at(e),
         );
         self.schedule.spend(due.len(), pool.len());
         let timeout = Duration::from_millis(cfg.metrics.scrape_timeout_ms);

@@ -115,6 +115,16 @@ impl EndpointStates {
         }
     }
 
+    /// When `endpoint`'s `/v1/models` list was read (`None`: never, or
+    /// forgotten), without copying its state.
+    pub fn listed_at(&self, endpoint: Endpoint) -> Option<u64> {
+        let i = self
+            .entries
+            .binary_search_by(|(e, _)| e.cmp(&endpoint))
+            .ok()?;
+        self.entries[i].1.served.as_ref().map(|s| s.listed_at_ms)
+    }
+
     /// Forgets `endpoint`'s `/v1/models` list: it serves no listed model
     /// until it is read again (it answers again after leaving the candidate
     /// set, and may have restarted with other models).
@@ -552,8 +562,10 @@ mod tests {
         }
         assert!(!t.healthy(a, 3));
         assert!(t.healthy(ep("10.0.0.2:80"), 3), "never scraped");
+        assert_eq!(t.listed_at(a), Some(5));
         t.forget_served(a);
         assert_eq!(t.get(a).served, None);
+        assert_eq!(t.listed_at(a), None);
         t.forget_served(ep("10.0.0.2:80"));
         assert_eq!(t.entries.len(), 1, "forgetting adds nothing");
     }
