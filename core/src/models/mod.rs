@@ -577,4 +577,81 @@ mod listed_tests {
         let s = states();
         assert!(t.unserved(t.scope(Some("llama-8b")).unwrap(), &pool[1..], &s, 3));
     }
+
+    #[test]
+    fn the_router_decides_a_listed_model_only_among_the_endpoints_listing_it() {
+        use crate::config::Config;
+        use crate::inflight::InFlight;
+        use crate::outlier::OutlierTable;
+        use crate::router::Router;
+        let c = Config::from_json(
+            br#"{"endpoints":["10.0.0.1:8000","10.0.0.2:8000","10.0.0.3:8000","10.0.0.4:8000"],
+                "models":[{"name":"a"},{"name":"b"}],"scheduling":{"seed":1}}"#,
+        )
+        .unwrap();
+        let r = Router::new(c);
+        let mut t = EndpointStates::default();
+        for (e, names) in [
+            (ep(1), &["a"][..]),
+            (ep(2), &["b"][..]),
+            (ep(3), &["a", "b"][..]),
+        ] {
+            t.listed(
+                e,
+                ServedModels::new(names.iter().map(|n| model_id(n)).collect(), 1),
+            );
+        }
+        for i in 1..=4 {
+            t.succeed(ep(i), MetricsSnapshot::default(), 1_000);
+        }
+        let mut rng = fastrand::Rng::with_seed(3);
+        let none = OutlierTable::default();
+        for (model, allowed) in [("a", [ep(1), ep(3)]), ("b", [ep(2), ep(3)])] {
+            let scope = r.scope(Some(model)).unwrap();
+            let mut seen = Vec::new();
+            for k in 0..40u64 {
+                let blocks = [k * 7919 + 1];
+                let d = r
+                    .decide_in(
+                        scope,
+                        &blocks[..],
+                        16,
+                        &t,
+                        &none,
+                        |_| InFlight::default(),
+                        1_010,
+                        &mut rng,
+                    )
+                    .unwrap();
+                assert!(allowed.contains(&d.endpoint), "{model} on {}", d.endpoint);
+                assert!(
+                    d.scores.iter().all(|(e, _)| allowed.contains(e)),
+                    "{model}: {:?}",
+                    d.scores
+                );
+                seen.push(d.endpoint);
+            }
+            seen.sort();
+            seen.dedup();
+            assert_eq!(seen, allowed, "{model}: both listing endpoints take work");
+        }
+        // Nobody listing it: no decision at all (the gateway answered 503 first).
+        let mut t2 = t.clone();
+        t2.forget_served(ep(1));
+        t2.forget_served(ep(3));
+        let a = r.scope(Some("a")).unwrap();
+        assert!(r.models().unserved(a, r.pool(), &t2, 3));
+        assert!(r
+            .decide_in(
+                a,
+                &[1u64][..],
+                16,
+                &t2,
+                &none,
+                |_| InFlight::default(),
+                1_010,
+                &mut rng
+            )
+            .is_none());
+    }
 }
