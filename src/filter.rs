@@ -12,7 +12,8 @@
 //!    at once;
 //! 2. body: wait for the whole body (up to `max_body_bytes`; it is complete at
 //!    end of stream or when trailers arrive), parse it, resolve its model
-//!    to the endpoints serving it (unknown: JSON 404), shed it when it is
+//!    to the endpoints serving it (unknown: JSON 404; configured but listed
+//!    by no answering endpoint yet: JSON 503), shed it when it is
 //!    sheddable and all of them are saturated (JSON 429), route, write the
 //!    chosen endpoint into the destination header, release;
 //! 3. response: its status feeds passive health (consecutive 5xx eject the
@@ -110,6 +111,19 @@ impl RequestFilter {
             self.reply(ErrorReply::ModelNotFound);
             return false;
         };
+        // A configured model no answering endpoint lists (yet): 503.
+        let unserved = {
+            let s = self.state.borrow();
+            let threshold = s.config().metrics.unhealthy_after_failures;
+            s.router
+                .models()
+                .unserved(scope, s.router.pool(), &s.states, threshold)
+        };
+        if unserved {
+            self.state.borrow().stats.inc(Counter::ModelUnavailable);
+            self.reply(ErrorReply::ModelUnavailable);
+            return false;
+        }
         let objective = self.objective;
         let shed = {
             let state = self.state.borrow();

@@ -14,9 +14,10 @@ use crate::vm_state::VmState;
 use kvroute_core::config::Config;
 use kvroute_core::discovery::cluster_members;
 use kvroute_core::endpoint::Endpoint;
-use kvroute_core::metrics::schedule::{self, ScrapeSchedule};
+use kvroute_core::metrics::schedule::{self, ListingSchedule, ScrapeSchedule};
 use kvroute_core::metrics::scrape::{classify, ScrapeOutcome};
-use log::{error, info, warn};
+use kvroute_core::models::served::{self, ListingOutcome, ServedModels};
+use log::{debug, error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::cell::RefCell;
@@ -30,6 +31,8 @@ use std::time::{Duration, UNIX_EPOCH};
 enum Call {
     /// `GET /metrics` of an endpoint.
     Scrape(Endpoint),
+    /// `GET /v1/models` of an endpoint (`models` entries without endpoints).
+    ListModels(Endpoint),
     /// `GET /clusters?format=json` of Envoy's admin API.
     Discovery,
     /// A sync request to a member of the peers cluster.
@@ -60,6 +63,12 @@ pub struct KvRouteRoot {
     scraping: HashSet<Endpoint>,
     /// Which endpoints are due on a tick (the pool's scrape budget).
     schedule: ScrapeSchedule,
+    /// Endpoints whose `/v1/models` call is in flight.
+    listing: HashSet<Endpoint>,
+    /// Which endpoints' `/v1/models` to read on a tick.
+    list_schedule: ListingSchedule,
+    /// `/v1/models` answers not yet published (with `answers`).
+    listings: Vec<(Endpoint, ListingOutcome, u64)>,
     /// Scrape answers not yet published to shared data: they are written
     /// in one update once every scrape in flight has answered (or on the
     /// next tick), not one rewrite of the whole pool's state per answer.
@@ -128,6 +137,68 @@ impl KvRouteRoot {
                     );
                 }
             }
+        }
+    }
+
+    /// Reads `GET /v1/models` of the endpoints due (only when a `models`
+    /// entry leaves its endpoints to it): what each serves.
+    fn list_models(&mut self, state: &VmState, now: u64) {
+        if !state.router.models().lists() {
+            return;
+        }
+        let cfg = state.config();
+        let pool = state.router.pool();
+        let listing = &self.listing;
+        let due = self.list_schedule.due(
+            pool,
+            cfg.metrics.models_refresh_ms,
+            schedule::period_ms(&cfg.metrics, pool.len()),
+            now,
+            |e| listing.contains(&e),
+            |e| state.states.listed_at(e),
+        );
+        self.schedule.spend(due.len(), pool.len());
+        let timeout = Duration::from_millis(cfg.metrics.scrape_timeout_ms);
+        for endpoint in due {
+            let authority = endpoint.to_string();
+            let headers = vec![
+                (":method", "GET"),
+                (":path", served::LIST_PATH),
+                (":authority", authority.as_str()),
+                (cfg.destination_header.as_str(), authority.as_str()),
+                ("accept", "application/json"),
+            ];
+            match self.dispatch_http_call(&cfg.upstream_cluster, headers, None, vec![], timeout) {
+                Ok(token) => {
+                    self.pending.insert(token, Call::ListModels(endpoint));
+                    self.listing.insert(endpoint);
+                }
+                Err(status) => {
+                    warn!("kvroute: cannot dispatch /v1/models of {endpoint}: {status:?}");
+                }
+            }
+        }
+    }
+
+    fn on_list_models(&mut self, endpoint: Endpoint, body_size: usize) {
+        self.listing.remove(&endpoint);
+        let Some(state) = self.state.clone() else {
+            return;
+        };
+        let status = self
+            .get_http_call_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        // Too large an answer is never copied into the VM.
+        let body = (body_size <= served::MAX_BODY_BYTES).then(|| {
+            self.get_http_call_response_body(0, body_size)
+                .unwrap_or_default()
+        });
+        let outcome = served::classify(status, body.as_deref());
+        self.list_schedule
+            .answered(endpoint, outcome != ListingOutcome::Unreachable);
+        self.listings.push((endpoint, outcome, now_ms(self)));
+        if self.scraping.is_empty() && self.listing.is_empty() {
+            self.publish_answers(&mut state.borrow_mut());
         }
     }
 
@@ -249,7 +320,7 @@ impl KvRouteRoot {
             .unwrap_or_default();
         let outcome = classify(status, &body, &state.borrow().config().metrics);
         self.answers.push((endpoint, outcome, now));
-        if self.scraping.is_empty() {
+        if self.scraping.is_empty() && self.listing.is_empty() {
             self.publish_answers(&mut state.borrow_mut());
         }
     }
@@ -257,18 +328,55 @@ impl KvRouteRoot {
     /// Writes the scrape answers gathered so far into the shared scrape
     /// state, in one update.
     fn publish_answers(&mut self, state: &mut VmState) {
-        if self.answers.is_empty() {
+        if self.answers.is_empty() && self.listings.is_empty() {
             return;
         }
         let answers = std::mem::take(&mut self.answers);
+        let listings = std::mem::take(&mut self.listings);
         let pool = state.router.pool().to_vec();
         let threshold = state.config().metrics.unhealthy_after_failures;
+        let lists = state.router.models().lists();
+        // Endpoints answering again after leaving the candidate set.
+        let mut back = Vec::new();
         let states = state.store.update_endpoint_states(|t| {
             t.retain(&pool);
+            back.clear();
             for &(endpoint, outcome, at) in &answers {
+                let was = t.healthy(endpoint, threshold);
                 t.record(endpoint, outcome, at);
+                // Maybe restarted with other models (or without the adapters
+                // loaded at run time): it serves no listed model until its
+                // list is read again, on the next tick.
+                if lists && !was && t.healthy(endpoint, threshold) {
+                    t.forget_served(endpoint);
+                    back.push(endpoint);
+                }
+            }
+            for (endpoint, outcome, at) in &listings {
+                // An endpoint that left the pool meanwhile is not added back.
+                if let (ListingOutcome::Listed { ids, .. }, true) =
+                    (outcome, pool.binary_search(endpoint).is_ok())
+                {
+                    t.listed(*endpoint, ServedModels::new(ids.clone(), *at));
+                }
             }
         });
+        for (endpoint, outcome, _) in &listings {
+            match outcome {
+                ListingOutcome::Listed { truncated, .. } => {
+                    state.stats.inc(Counter::ModelsListRead);
+                    if *truncated {
+                        state.stats.inc(Counter::ModelsListTruncated);
+                    }
+                }
+                _ => {
+                    state.stats.inc(Counter::ModelsListFailure);
+                    debug!(
+                        "kvroute: /v1/models of {endpoint}: {outcome:?}; its previous list is kept"
+                    );
+                }
+            }
+        }
         let failed = answers
             .iter()
             .filter(|(_, o, _)| !matches!(o, ScrapeOutcome::Snapshot(_)))
@@ -277,6 +385,9 @@ impl KvRouteRoot {
             .stats
             .add(Counter::ScrapeSuccess, (answers.len() - failed) as u64);
         state.stats.add(Counter::ScrapeFailure, failed as u64);
+        for endpoint in back {
+            self.list_schedule.relist(endpoint);
+        }
         for &(endpoint, outcome, _) in &answers {
             let current = states.get(endpoint);
             if !matches!(outcome, ScrapeOutcome::Snapshot(_)) {
@@ -314,6 +425,7 @@ impl Context for KvRouteRoot {
     ) {
         match self.pending.remove(&token_id) {
             Some(Call::Scrape(endpoint)) => self.on_scrape(endpoint, body_size),
+            Some(Call::ListModels(endpoint)) => self.on_list_models(endpoint, body_size),
             Some(Call::Discovery) => self.on_discovery(body_size),
             Some(Call::PeerSync(member)) => self.on_peer_answer(member, body_size),
             None => {}
@@ -354,6 +466,9 @@ impl RootContext for KvRouteRoot {
         self.scraping.clear();
         self.answers.clear();
         self.schedule = ScrapeSchedule::default();
+        self.listing.clear();
+        self.listings.clear();
+        self.list_schedule = ListingSchedule::default();
         if self.role == Role::Router {
             self.set_tick_period(interval);
         }
@@ -374,6 +489,7 @@ impl RootContext for KvRouteRoot {
             self.publish_answers(&mut state);
             self.discover(&state, now);
             self.scrape(&state, now);
+            self.list_models(&state, now);
             self.sync_peers(&state, now);
             // Once a scrape period (every tick for a pool within budget).
             let period = schedule::period_ms(&state.config().metrics, state.router.pool().len());

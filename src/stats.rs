@@ -77,9 +77,17 @@ pub enum Counter {
     ModelsListed,
     /// Requests shed (429): sheddable objective, every endpoint saturated.
     Shed,
+    /// Requests for a configured model no answering endpoint lists yet (503).
+    ModelUnavailable,
+    /// Endpoints' `GET /v1/models` answers read (`models` without endpoints).
+    ModelsListRead,
+    /// `GET /v1/models` calls unanswered or unreadable (previous list kept).
+    ModelsListFailure,
+    /// `GET /v1/models` answers listing more ids than are kept (64).
+    ModelsListTruncated,
 }
 
-const COUNTERS: [(Counter, &str); 30] = [
+const COUNTERS: [(Counter, &str); 34] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -113,6 +121,13 @@ const COUNTERS: [(Counter, &str); 30] = [
     (Counter::ModelNotFound, "kvroute.model_not_found"),
     (Counter::ModelsListed, "kvroute.models_listed"),
     (Counter::Shed, "kvroute.shed"),
+    (Counter::ModelUnavailable, "kvroute.model_unavailable"),
+    (Counter::ModelsListRead, "kvroute.models_list.read"),
+    (Counter::ModelsListFailure, "kvroute.models_list.failure"),
+    (
+        Counter::ModelsListTruncated,
+        "kvroute.models_list.truncated",
+    ),
 ];
 
 /// What happened to a request of an objective (per-objective counters).

@@ -219,6 +219,10 @@ pub struct MetricsConfig {
     pub max_scrapes_per_s: u64,
     /// Timeout of one scrape.
     pub scrape_timeout_ms: u64,
+    /// How often each endpoint's `GET /v1/models` is read again, when a
+    /// `models` entry leaves its endpoints to it (an endpoint never listed
+    /// is read at once).
+    pub models_refresh_ms: u64,
     /// A snapshot older than this is not trusted as fresh.
     pub stale_after_ms: u64,
     /// Consecutive failed scrapes after which an endpoint leaves the
@@ -237,6 +241,7 @@ impl Default for MetricsConfig {
             scrape_interval_ms: 50,
             max_scrapes_per_s: 4500,
             scrape_timeout_ms: 1000,
+            models_refresh_ms: 5000,
             stale_after_ms: 2000,
             unhealthy_after_failures: 3,
             engine: Engine::Auto,
@@ -756,6 +761,13 @@ impl Config {
                 "must be 1..=60000",
             ));
         }
+        if !(1000..=600_000).contains(&m.models_refresh_ms) {
+            return Err(err(
+                "metrics.models_refresh_ms",
+                m.models_refresh_ms,
+                "must be 1000..=600000",
+            ));
+        }
         if m.stale_after_ms < m.scrape_interval_ms {
             return Err(err(
                 "metrics.stale_after_ms",
@@ -1167,7 +1179,11 @@ mod tests {
             ),
             (
                 r#"{"discovery":{},"models":[{"name":"a","endpoints":["1.2.3.4:81"]}]}"#,
-                "models",
+                "models[0].endpoints",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"metrics":{"models_refresh_ms":999}}"#,
+                "metrics.models_refresh_ms",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"objectives":{"header":"x-kvroute-destination"}}"#,
@@ -1216,6 +1232,14 @@ mod tests {
         let o = c.objectives.unwrap();
         assert_eq!(o.header, "x-gateway-inference-objective");
         assert_eq!(o.priorities["batch"], -1);
+        // Discovered pools: entries without endpoints (their pods' own
+        // /v1/models decides), read every 5 s by default.
+        let c = parse(
+            r#"{"discovery":{},"models":[{"name":"a"},{"name":"b-*","adapters":["b-sql"]}]}"#,
+        )
+        .unwrap();
+        assert!(c.models.iter().all(|m| m.endpoints.is_empty()));
+        assert_eq!(c.metrics.models_refresh_ms, 5000);
     }
 
     #[test]

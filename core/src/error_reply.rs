@@ -3,7 +3,8 @@
 //! `{"error":{"message":...,"type":...,"param":null,"code":...}}`.
 //!
 //! The filter sends [`ErrorReply::PathNotAllowed`],
-//! [`ErrorReply::ModelNotFound`], [`ErrorReply::Shed`] and
+//! [`ErrorReply::ModelNotFound`], [`ErrorReply::ModelUnavailable`],
+//! [`ErrorReply::Shed`] and
 //! [`ErrorReply::NoEndpoint`] itself; the errors Envoy generates (no healthy
 //! upstream, connect failure, body too large, timeout) get the same shape
 //! from the connection manager's `local_reply_config` in
@@ -24,6 +25,10 @@ pub enum ErrorReply {
     /// No `models` entry serves the requested model (or the body names
     /// none): answered by the gateway, never sent to a pod.
     ModelNotFound,
+    /// The model is configured (a `models` entry left to `/v1/models`), but
+    /// no endpoint that answers lists it yet: 503, retry later (a pod
+    /// serving it may be starting, or coming back).
+    ModelUnavailable,
     /// Every endpoint that could serve the request is saturated and its
     /// objective's priority is negative (sheddable): 429, retry later.
     Shed {
@@ -44,6 +49,7 @@ impl ErrorReply {
             ErrorReply::NoEndpoint => 503,
             ErrorReply::MisdirectedSync => 421,
             ErrorReply::ModelNotFound => 404,
+            ErrorReply::ModelUnavailable => 503,
             ErrorReply::Shed { .. } => 429,
         }
     }
@@ -55,6 +61,7 @@ impl ErrorReply {
             ErrorReply::NoEndpoint => "server_error",
             ErrorReply::MisdirectedSync => "invalid_request_error",
             ErrorReply::ModelNotFound => "invalid_request_error",
+            ErrorReply::ModelUnavailable => "server_error",
             ErrorReply::Shed { .. } => "rate_limit_exceeded",
         }
     }
@@ -66,6 +73,7 @@ impl ErrorReply {
             ErrorReply::NoEndpoint => "no_endpoint",
             ErrorReply::MisdirectedSync => "misdirected_request",
             ErrorReply::ModelNotFound => "model_not_found",
+            ErrorReply::ModelUnavailable => "model_unavailable",
             ErrorReply::Shed { .. } => "pool_saturated",
         }
     }
@@ -78,6 +86,9 @@ impl ErrorReply {
             ErrorReply::MisdirectedSync => "kvroute: this sync request names another replica",
             ErrorReply::ModelNotFound => {
                 "kvroute: the model does not exist or is not served by this gateway (see GET /v1/models)"
+            }
+            ErrorReply::ModelUnavailable => {
+                "kvroute: no endpoint serving this model is available yet; retry later"
             }
             ErrorReply::Shed { .. } => {
                 "kvroute: every endpoint serving this model is saturated and the request's objective is sheddable; retry later"
@@ -92,6 +103,7 @@ impl ErrorReply {
             ErrorReply::NoEndpoint => Some(RETRY_AFTER_SECS),
             ErrorReply::MisdirectedSync => None,
             ErrorReply::ModelNotFound => None,
+            ErrorReply::ModelUnavailable => Some(RETRY_AFTER_SECS),
             ErrorReply::Shed { retry_after_secs } => Some(retry_after_secs),
         }
     }
@@ -123,6 +135,7 @@ mod tests {
             (ErrorReply::NoEndpoint, 503, Some(1)),
             (ErrorReply::MisdirectedSync, 421, None),
             (ErrorReply::ModelNotFound, 404, None),
+            (ErrorReply::ModelUnavailable, 503, Some(1)),
             (
                 ErrorReply::Shed {
                     retry_after_secs: 3,

@@ -16,7 +16,7 @@ use crate::objectives::Objective;
 use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
-use crate::shared::endpoint_state::EndpointStates;
+use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use crate::stall;
 use crate::ttft::TtftModel;
 use hashbrown::HashMap;
@@ -67,14 +67,10 @@ impl Router {
         self.models.scope(model)
     }
 
-    /// Whether `endpoint` may serve a request of `scope`.
-    pub fn serves(&self, scope: Scope, endpoint: Endpoint) -> bool {
-        match scope {
-            Scope::All => true,
-            Scope::Model { pool, .. } => {
-                self.models.endpoints(pool).binary_search(&endpoint).is_ok()
-            }
-        }
+    /// Whether `endpoint` (scrape state `state`) may serve a request of
+    /// `scope` (`ModelPools::serves`).
+    pub fn serves(&self, scope: Scope, endpoint: Endpoint, state: &ScrapeState) -> bool {
+        self.models.serves(scope, endpoint, state)
     }
 
     /// Whether a request of `objective` and `scope` is shed (429) at
@@ -110,7 +106,7 @@ impl Router {
             .pool
             .iter()
             .zip(&aligned)
-            .filter(|(e, _)| self.serves(scope, **e))
+            .filter(|(e, s)| self.serves(scope, **e, s))
             .any(|(e, s)| {
                 let healthy = s.healthy(threshold) && !outliers.ejected(*e, now_ms);
                 !saturation.saturated(s, healthy, now_ms, stale_after)
@@ -246,7 +242,7 @@ impl Router {
             .pool
             .iter()
             .zip(aligned)
-            .filter(|(&endpoint, _)| self.serves(scope, endpoint))
+            .filter(|(&endpoint, state)| self.serves(scope, endpoint, state))
             .map(|(&endpoint, state)| {
                 let matched = find(&endpoint);
                 Candidate {
@@ -543,7 +539,8 @@ mod tests {
             r.scope(Some("a-lora")),
             Ok(Scope::Model {
                 pool: 0,
-                adapter: Some(crate::metrics::lora::adapter_id("a-lora"))
+                adapter: Some(crate::metrics::lora::adapter_id("a-lora")),
+                listed: None,
             })
         );
         assert!(r.scope(Some("c")).is_err());

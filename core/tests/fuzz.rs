@@ -25,6 +25,7 @@ use kvroute_core::endpoint::Endpoint;
 use kvroute_core::metrics::lora::LoraSnapshot;
 use kvroute_core::metrics::scrape::classify;
 use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
+use kvroute_core::models::served::{self, ListingOutcome, ServedModels};
 use kvroute_core::peer::table::PeerTable;
 use kvroute_core::peer::wire::{SyncAnswer, SyncQuery};
 use kvroute_core::request::{parse, parse_cost_bound, ApiKind};
@@ -56,6 +57,14 @@ fn config() -> ProptestConfig {
 
 // ---------------------------------------------------------------------------
 // Seeds and mutations
+
+/// Engines' `GET /v1/models` answers (tests/fixtures/models/SOURCES.md).
+const MODEL_LISTS: [&str; 4] = [
+    include_str!("../../tests/fixtures/models/llamacpp-11434-smollm2.json"),
+    include_str!("../../tests/fixtures/models/sglang.json"),
+    include_str!("../../tests/fixtures/models/vllm-lora-adapters.json"),
+    include_str!("../../tests/fixtures/models/vllm-served-model-names.json"),
+];
 
 const REQUESTS: [&str; 5] = [
     include_str!("../../tests/fixtures/requests/chat-tools-turn1.json"),
@@ -320,6 +329,36 @@ proptest! {
     }
 
     #[test]
+    fn model_lists_mutated_fixtures(seed in 0..MODEL_LISTS.len(), edits in prop::collection::vec(edit(), 1..16)) {
+        let body = mutate(MODEL_LISTS[seed].as_bytes(), &edits);
+        let (outcome, peak) = peak_alloc(|| served::classify(Some(200), Some(&body)));
+        // Borrowed ids (copied only when escaped) and the cards' vector.
+        prop_assert!(peak <= 4 * body.len() + 4096, "peak {peak} for {} bytes", body.len());
+        if let ListingOutcome::Listed { ids, .. } = outcome {
+            prop_assert!(ids.len() <= served::MAX_IDS);
+        }
+    }
+
+    #[test]
+    fn model_lists_generated(cards in prop::collection::vec(json_value(), 0..80)) {
+        let data: Vec<Value> = cards
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| if i % 2 == 0 { json!({"id": v.to_string(), "parent": v}) } else { json!({"id": v}) })
+            .collect();
+        let body = serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap();
+        match served::classify(Some(200), Some(&body)) {
+            ListingOutcome::Listed { ids, truncated } => {
+                prop_assert!(ids.len() <= served::MAX_IDS);
+                prop_assert!(!truncated || ids.len() == served::MAX_IDS);
+            }
+            // A non-string id makes the whole list unreadable.
+            ListingOutcome::Unreadable => {}
+            ListingOutcome::Unreachable => prop_assert!(false, "a 200 is an answer"),
+        }
+    }
+
+    #[test]
     fn metrics_generated_lines(lines in prop::collection::vec(
         (prop_oneof![Just("vllm:num_requests_waiting".to_string()), Just("sglang:token_usage".into()),
                      Just("vllm:cache_config_info".into()), Just("# TYPE x gauge".into()),
@@ -431,6 +470,12 @@ proptest! {
                         "2",
                     )),
                 }, b),
+            }
+            // Its /v1/models list (none, empty, up to the cap).
+            if b % 4 != 1 {
+                let n = [0, 1, 2, served::MAX_IDS][(b % 4) as usize];
+                let ids = (0..n).map(|k| served::model_id(&format!("m{}", b.wrapping_add(k as u64)))).collect();
+                states.listed(e, ServedModels::new(ids, b));
             }
         }
         let bytes = states.encode();

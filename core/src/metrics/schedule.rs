@@ -27,6 +27,19 @@
 //! Everything that judges a snapshot's age scales with the period
 //! ([`stale_after_ms`], [`silence_after_ms`]): a longer period must never make
 //! a healthy endpoint look stale or stalled.
+//!
+//! When a `models` entry leaves its endpoints to `/v1/models`, the scraper
+//! also reads each endpoint's list ([`ListingSchedule`]): at once for an
+//! endpoint never listed (it serves no listed model until then; retried
+//! every scrape period while it does not answer, every
+//! `metrics.models_refresh_ms` once it answers without a readable list),
+//! then every `metrics.models_refresh_ms` (and at once again when it answers
+//! after leaving the candidate set: [`ListingSchedule::relist`]), spread over the ticks like the
+//! scrapes (at most `n × elapsed / models_refresh_ms` refreshes a tick,
+//! oldest first). Listing calls are paid from the same budget: over it,
+//! each one takes a `/metrics` scrape's place ([`ScrapeSchedule::spend`]).
+//! Within it they ride on top: one call per endpoint per 5 s by default,
+//! 1 % of the scrapes at the default 50 ms interval.
 
 use crate::config::MetricsConfig;
 use crate::endpoint::Endpoint;
@@ -69,6 +82,8 @@ pub struct ScrapeSchedule {
     credit: f64,
     /// When [`ScrapeSchedule::due`] last ran.
     last_tick_ms: Option<u64>,
+    /// The last tick was over budget (scrapes paid from `credit`).
+    over_budget: bool,
 }
 
 impl ScrapeSchedule {
@@ -100,7 +115,8 @@ impl ScrapeSchedule {
             _ => cfg.scrape_interval_ms,
         };
         self.last_tick_ms = Some(now_ms);
-        if period <= cfg.scrape_interval_ms {
+        self.over_budget = period > cfg.scrape_interval_ms;
+        if !self.over_budget {
             // Within budget (or an empty pool): the whole pool, every tick.
             self.credit = 0.0;
             self.dispatched.clear();
@@ -135,6 +151,117 @@ impl ScrapeSchedule {
                 e
             })
             .collect()
+    }
+
+    /// `calls` other calls (listings) were sent from the budget: over
+    /// budget, as many fewer scrapes follow (the debt is carried to the
+    /// next ticks, at most one round's worth).
+    pub fn spend(&mut self, calls: usize, pool_len: usize) {
+        if self.over_budget {
+            self.credit = (self.credit - calls as f64).max(-(pool_len as f64));
+        }
+    }
+}
+
+/// When each endpoint's `/v1/models` is read (see the module comment).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ListingSchedule {
+    /// This scraper's last listing call to each endpoint, and whether it
+    /// was answered at all (bounded by the pool: pruned when it outgrows it).
+    attempts: HashMap<Endpoint, (u64, bool)>,
+    /// Refreshes paid for but not yet dispatched.
+    credit: f64,
+    last_tick_ms: Option<u64>,
+    /// Endpoints to list on the next tick whatever their age ([`ListingSchedule::relist`]).
+    forced: hashbrown::HashSet<Endpoint>,
+}
+
+impl ListingSchedule {
+    /// The endpoints of `pool` (sorted) whose list to read at `now_ms`:
+    /// `listed_at` is when each one's list was last read (the shared scrape
+    /// state; `None`: never), `outstanding` whether a listing call to it is
+    /// in flight, `retry_ms` the scrape period (how soon an endpoint never
+    /// listed that did not answer is asked again).
+    pub fn due(
+        &mut self,
+        pool: &[Endpoint],
+        refresh_ms: u64,
+        retry_ms: u64,
+        now_ms: u64,
+        outstanding: impl Fn(Endpoint) -> bool,
+        listed_at: impl Fn(Endpoint) -> Option<u64>,
+    ) -> Vec<Endpoint> {
+        let n = pool.len();
+        let refresh_ms = refresh_ms.max(1);
+        let elapsed = match self.last_tick_ms {
+            Some(t) if now_ms > t => now_ms - t,
+            _ => retry_ms,
+        };
+        self.last_tick_ms = Some(now_ms);
+        self.credit = (self.credit + elapsed as f64 * n as f64 / refresh_ms as f64).min(n as f64);
+        if self.attempts.len() > n {
+            self.attempts.retain(|e, _| pool.binary_search(e).is_ok());
+        }
+        self.forced.retain(|e| pool.binary_search(e).is_ok());
+        let mut first = Vec::new();
+        let mut refresh: Vec<(u64, Endpoint)> = Vec::new();
+        for &e in pool {
+            if outstanding(e) {
+                continue;
+            }
+            let tried = self.attempts.get(&e).copied();
+            if self.forced.remove(&e) {
+                first.push(e);
+                continue;
+            }
+            match (listed_at(e), tried) {
+                (None, None) => first.push(e),
+                (None, Some((at, answered))) => {
+                    let wait = if answered { refresh_ms } else { retry_ms };
+                    if now_ms.saturating_sub(at) >= wait {
+                        first.push(e);
+                    }
+                }
+                (Some(listed), tried) => {
+                    let last = listed.max(tried.map_or(0, |(at, _)| at));
+                    if now_ms.saturating_sub(last) >= refresh_ms {
+                        refresh.push((last, e));
+                    }
+                }
+            }
+        }
+        let k = (self.credit.max(0.0) as usize).min(refresh.len());
+        if k < refresh.len() {
+            refresh.select_nth_unstable(k);
+            refresh.truncate(k);
+        }
+        refresh.sort_unstable();
+        self.credit -= k as f64;
+        self.credit = self.credit.min(1.0);
+        let due: Vec<Endpoint> = first
+            .into_iter()
+            .chain(refresh.into_iter().map(|(_, e)| e))
+            .collect();
+        for &e in &due {
+            self.attempts.insert(e, (now_ms, false));
+        }
+        due
+    }
+
+    /// `endpoint` answers again after it left the candidate set (failed
+    /// scrapes, or a request it did not answer): it may have restarted with
+    /// other models or without the adapters loaded at run time, so its list
+    /// is read again on the next tick instead of at the next refresh.
+    pub fn relist(&mut self, endpoint: Endpoint) {
+        self.forced.insert(endpoint);
+    }
+
+    /// The listing call to `endpoint` was answered (readable or not), or
+    /// not at all.
+    pub fn answered(&mut self, endpoint: Endpoint, answered: bool) {
+        if let Some(a) = self.attempts.get_mut(&endpoint) {
+            a.1 = answered;
+        }
     }
 }
 
@@ -430,5 +557,90 @@ mod tests {
             }
             assert!(s.dispatched.len() <= 2 * 1024, "{}", s.dispatched.len());
         }
+    }
+
+    #[test]
+    fn listings_first_at_once_then_every_refresh_spread_over_the_ticks() {
+        let p = pool(1000);
+        let mut s = ListingSchedule::default();
+        let mut listed: HashMap<Endpoint, u64> = HashMap::new();
+        let mut per_tick = Vec::new();
+        for t in 0..400u64 {
+            let now = 10_000 + t * 50;
+            let due = s.due(&p, 5_000, 50, now, |_| false, |e| listed.get(&e).copied());
+            per_tick.push(due.len());
+            for e in due {
+                s.answered(e, true);
+                listed.insert(e, now);
+            }
+        }
+        // Every endpoint never listed goes on the first tick.
+        assert_eq!(per_tick[0], 1000);
+        // Then each is refreshed every 5 s, 1000 x 50 / 5000 = 10 a tick
+        // at most, never a burst.
+        assert!(per_tick[1..].iter().all(|&k| k <= 11), "{per_tick:?}");
+        let total: usize = per_tick[1..].iter().sum();
+        let paid = 399.0 * 50.0 * 1000.0 / 5000.0;
+        assert!(
+            (total as f64) <= paid + 1.0 && (total as f64) >= paid - 1000.0,
+            "{total}"
+        );
+        assert!(listed
+            .values()
+            .all(|&at| 10_000 + 399 * 50 - at <= 2 * 5_000 + 50));
+    }
+
+    #[test]
+    fn an_endpoint_never_listed_is_retried_each_period_unless_it_answers_garbage() {
+        let p = pool(3);
+        let mut s = ListingSchedule::default();
+        let never = |_| None;
+        assert_eq!(s.due(&p, 5_000, 50, 1_000, |_| false, never).len(), 3);
+        // In flight: not asked again.
+        assert!(s.due(&p, 5_000, 50, 1_050, |_| true, never).is_empty());
+        s.answered(p[0], false); // refused: retried next period
+        s.answered(p[1], true); // answered garbage: retried after the refresh
+        let due = s.due(&p, 5_000, 50, 1_100, |e| e == p[2], never);
+        assert_eq!(due, [p[0]]);
+        s.answered(p[0], false);
+        assert_eq!(
+            s.due(&p, 5_000, 50, 6_000, |e| e == p[2], never),
+            [p[0], p[1]]
+        );
+    }
+
+    #[test]
+    fn an_endpoint_back_in_the_candidate_set_is_listed_again_at_once() {
+        let p = pool(2);
+        let mut s = ListingSchedule::default();
+        let listed = |_| Some(1_000);
+        assert!(s.due(&p, 5_000, 50, 1_050, |_| false, listed).is_empty());
+        s.relist(p[1]);
+        // In flight: it waits for its answer, then goes.
+        assert!(s.due(&p, 5_000, 50, 1_100, |_| true, listed).is_empty());
+        assert_eq!(s.due(&p, 5_000, 50, 1_150, |_| false, listed), [p[1]]);
+        assert!(s.due(&p, 5_000, 50, 1_200, |_| false, listed).is_empty());
+        // One that left the pool is forgotten.
+        s.relist(p[0]);
+        assert!(s
+            .due(&p[1..], 5_000, 50, 1_250, |_| false, listed)
+            .is_empty());
+        assert!(s.due(&p, 5_000, 50, 1_300, |_| false, listed).is_empty());
+    }
+
+    #[test]
+    fn listings_over_budget_take_scrapes_places() {
+        let p = pool(1024);
+        let c = cfg(50, 4000); // period 256 ms: 200 scrapes a tick
+        let mut s = ScrapeSchedule::default();
+        assert_eq!(s.due(&p, &c, 10_000, |_| false, |_| 0).len(), 200);
+        s.spend(50, p.len());
+        assert_eq!(s.due(&p, &c, 10_050, |_| false, |_| 0).len(), 150);
+        // Within budget nothing is owed.
+        let small = pool(8);
+        let mut s = ScrapeSchedule::default();
+        s.due(&small, &c, 10_000, |_| false, |_| 0);
+        s.spend(8, small.len());
+        assert_eq!(s.due(&small, &c, 10_050, |_| false, |_| 0), small);
     }
 }

@@ -5,7 +5,10 @@
 //! lists entries; each names a base model (exactly, or a family by a
 //! trailing `*`: `"qwen-*"`), the endpoints serving it (a subset of
 //! `endpoints`), and the LoRA adapters those endpoints serve on top of it.
-//! A request's `model` resolves to one entry:
+//! An entry may leave its endpoints out: then they are the pool members
+//! (static or discovered) whose own `GET /v1/models` lists the requested
+//! name ([`served`]; the scraper reads it), the only form `discovery`
+//! allows. A request's `model` resolves to one entry:
 //!
 //! 1. an exact base-model name, else an exact adapter name;
 //! 2. else the longest matching `*` pattern (base names and adapters alike).
@@ -18,11 +21,14 @@
 //! any length that matches nothing costs one pass over the table.
 
 pub mod listing;
+pub mod served;
 
 use crate::config::{err, ConfigError};
 use crate::endpoint::Endpoint;
 use crate::metrics::lora::adapter_id;
+use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use serde::Deserialize;
+use served::{model_id, ModelId};
 use std::fmt;
 
 /// Longest model or adapter name (or pattern) in the config, in bytes.
@@ -99,7 +105,10 @@ impl<'de> Deserialize<'de> for ModelName {
 pub struct ModelPool {
     /// The base model's served name (or a `*` family).
     pub name: ModelName,
-    /// The endpoints serving it; each must be in `endpoints`.
+    /// The endpoints serving it; each must be in `endpoints`. Empty (left
+    /// out): the pool members whose `GET /v1/models` lists the request's
+    /// model ([`served`]).
+    #[serde(default)]
     pub endpoints: Vec<Endpoint>,
     /// LoRA adapters served on top of it (names or `*` families); a request
     /// whose `model` is one of them goes to these endpoints.
@@ -120,6 +129,11 @@ pub enum Scope {
         /// When the request names one of its adapters, not the base model:
         /// the adapter's id (`metrics::lora::adapter_id`), for LoRA affinity.
         adapter: Option<crate::metrics::lora::AdapterId>,
+        /// When the entry's endpoints are the ones listing the model (no
+        /// `endpoints` in the config): the requested name's id
+        /// ([`served::model_id`]); an endpoint serves the request when its
+        /// `/v1/models` lists that id.
+        listed: Option<ModelId>,
     },
 }
 
@@ -158,6 +172,54 @@ impl ModelPools {
         self.entries.get(pool).map_or(&[], |e| &e.endpoints)
     }
 
+    /// Whether some entry leaves its endpoints to `/v1/models` (the scraper
+    /// then reads every endpoint's list).
+    pub fn lists(&self) -> bool {
+        self.entries.iter().any(|e| e.endpoints.is_empty())
+    }
+
+    /// Whether `endpoint`, whose scrape state is `state`, may serve a
+    /// request of `scope`. An endpoint whose list is not known yet serves
+    /// no listed model.
+    pub fn serves(&self, scope: Scope, endpoint: Endpoint, state: &ScrapeState) -> bool {
+        match scope {
+            Scope::All => true,
+            Scope::Model {
+                listed: Some(id), ..
+            } => state.served.as_ref().is_some_and(|s| s.serves(id)),
+            Scope::Model { pool, .. } => self.endpoints(pool).binary_search(&endpoint).is_ok(),
+        }
+    }
+
+    /// Whether a request of `scope` has nowhere to go yet: its entry's
+    /// endpoints are the listing ones, and no member of `pool` (sorted) whose scrapes
+    /// answer (fewer than `unhealthy_after` failures in a row) lists it.
+    /// The gateway answers 503 then (the model is configured; a pod serving
+    /// it may come, or come back). Static entries are never unserved: their
+    /// endpoints are fixed, and the health filter falls back among them.
+    pub fn unserved(
+        &self,
+        scope: Scope,
+        pool: &[Endpoint],
+        states: &EndpointStates,
+        unhealthy_after: u32,
+    ) -> bool {
+        if !matches!(
+            scope,
+            Scope::Model {
+                listed: Some(_),
+                ..
+            }
+        ) {
+            return false;
+        }
+        // An endpoint without an entry has listed nothing: only the entries
+        // can serve (no copy of any state: this runs per request).
+        !states.entries.iter().any(|(e, s)| {
+            s.healthy(unhealthy_after) && self.serves(scope, *e, s) && pool.binary_search(e).is_ok()
+        })
+    }
+
     /// Where a request for `model` may go; `None` when its model could not
     /// be read (the body was not understood).
     pub fn scope(&self, model: Option<&str>) -> Result<Scope, ModelNotFound> {
@@ -178,6 +240,7 @@ impl ModelPools {
             return Some(Scope::Model {
                 pool,
                 adapter: None,
+                listed: self.listed(pool, model),
             });
         }
         let adapter = self
@@ -188,6 +251,7 @@ impl ModelPools {
             return Some(Scope::Model {
                 pool,
                 adapter: Some(adapter_id(model)),
+                listed: self.listed(pool, model),
             });
         }
         let mut best: Option<(usize, Scope)> = None;
@@ -198,19 +262,31 @@ impl ModelPools {
                 if let ModelName::Prefix(p) = name {
                     if model.starts_with(p.as_str()) && best.is_none_or(|(len, _)| p.len() > len) {
                         let adapter = adapter.then(|| adapter_id(model));
-                        best = Some((p.len(), Scope::Model { pool, adapter }));
+                        let listed = self.listed(pool, model);
+                        let scope = Scope::Model {
+                            pool,
+                            adapter,
+                            listed,
+                        };
+                        best = Some((p.len(), scope));
                     }
                 }
             }
         }
         best.map(|(_, s)| s)
     }
+
+    /// `Scope::Model::listed` of a request for `model` resolved to `pool`.
+    fn listed(&self, pool: usize, model: &str) -> Option<ModelId> {
+        self.endpoints(pool).is_empty().then(|| model_id(model))
+    }
 }
 
-/// Checks `models` against the rest of the config: every entry has
-/// endpoints, all in `endpoints`; no name or pattern is declared twice;
-/// every endpoint serves some model; no `discovery` (a model's endpoints are
-/// a static list).
+/// Checks `models` against the rest of the config: an entry's endpoints,
+/// when listed, are all in `endpoints`; no name or pattern is declared
+/// twice; with every entry's endpoints listed, every endpoint serves some
+/// model; with `discovery`, no entry lists endpoints (the pool is not
+/// known at load: the endpoints' own `/v1/models` decide).
 pub fn validate(
     models: &[ModelPool],
     endpoints: &[Endpoint],
@@ -218,13 +294,6 @@ pub fn validate(
 ) -> Result<(), ConfigError> {
     if models.is_empty() {
         return Ok(());
-    }
-    if discovery {
-        return Err(err(
-            "models",
-            "set",
-            "cannot be combined with discovery: a model's endpoints are a static list (use `endpoints`)",
-        ));
     }
     if models.len() > MAX_ENTRIES {
         return Err(err(
@@ -235,11 +304,18 @@ pub fn validate(
     }
     let mut seen: Vec<(&ModelName, String)> = Vec::new();
     for (i, m) in models.iter().enumerate() {
-        if m.endpoints.is_empty() || m.endpoints.len() > 1024 {
+        if discovery && !m.endpoints.is_empty() {
             return Err(err(
                 &format!("models[{i}].endpoints"),
                 m.endpoints.len(),
-                "must list 1..=1024 endpoints",
+                "cannot be listed with discovery (the pool is discovered): leave it out, and the endpoints whose GET /v1/models lists the model serve it",
+            ));
+        }
+        if m.endpoints.len() > 1024 {
+            return Err(err(
+                &format!("models[{i}].endpoints"),
+                m.endpoints.len(),
+                "at most 1024 endpoints (or none: the endpoints listing the model)",
             ));
         }
         for (j, e) in m.endpoints.iter().enumerate() {
@@ -275,8 +351,10 @@ pub fn validate(
             seen.push((name, field));
         }
     }
+    // With an entry left to `/v1/models`, any endpoint may serve it.
+    let listed = models.iter().any(|m| m.endpoints.is_empty());
     for (i, e) in endpoints.iter().enumerate() {
-        if !models.iter().any(|m| m.endpoints.contains(e)) {
+        if !listed && !models.iter().any(|m| m.endpoints.contains(e)) {
             return Err(err(
                 &format!("endpoints[{i}]"),
                 e,
@@ -314,6 +392,7 @@ mod tests {
             Ok(Scope::Model {
                 pool,
                 adapter: adapter.map(adapter_id),
+                listed: None,
             })
         };
         for (model, want) in [
@@ -357,12 +436,22 @@ mod tests {
     fn validation_names_the_field() {
         let eps = [ep(1), ep(2), ep(3), ep(4)];
         assert!(validate(&pools(TABLE), &eps, false).is_ok());
+        // Explicit endpoints and discovery: the first entry listing them is named.
+        let e = validate(&pools(TABLE), &eps, true).unwrap_err();
+        assert_eq!(e.field, "models[0].endpoints");
+        assert!(e.reason.contains("discovery"), "{e}");
+        let listed = r#"[{"name":"a","adapters":["a-*"]},{"name":"b-*"}]"#;
+        assert!(validate(&pools(listed), &[], true).is_ok(), "discovery");
+        assert!(validate(&pools(listed), &eps, false).is_ok(), "static pool");
+        // An entry left to /v1/models may serve any endpoint: no endpoint
+        // is idle by construction.
+        let mixed = r#"[{"name":"a","endpoints":["10.0.0.1:8000"]},{"name":"b"}]"#;
+        assert!(validate(&pools(mixed), &eps, false).is_ok());
         assert_eq!(
-            validate(&pools(TABLE), &eps, true).unwrap_err().field,
-            "models"
+            validate(&pools(mixed), &[], true).unwrap_err().field,
+            "models[0].endpoints"
         );
         for (json, field) in [
-            (r#"[{"name":"a","endpoints":[]}]"#, "models[0].endpoints"),
             (
                 r#"[{"name":"a","endpoints":["10.0.0.9:8000"]}]"#,
                 "models[0].endpoints[0]",
@@ -391,5 +480,178 @@ mod tests {
                 "{json}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod listed_tests {
+    use super::served::{model_id, ServedModels};
+    use super::*;
+    use crate::metrics::MetricsSnapshot;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn ep(i: u8) -> Endpoint {
+        format!("10.0.0.{i}:8000").parse().unwrap()
+    }
+
+    /// Entries 0 and 1 are left to `/v1/models`; entry 2 lists endpoint 9.
+    fn table() -> ModelPools {
+        let p: Vec<ModelPool> = serde_json::from_str(
+            r#"[{"name":"llama-8b","adapters":["sql-*"]},
+                {"name":"qwen-*"},
+                {"name":"static","endpoints":["10.0.0.9:8000"]}]"#,
+        )
+        .unwrap();
+        ModelPools::new(&p)
+    }
+
+    /// Endpoint 1 lists llama-8b and its adapter sql-lora, endpoint 2
+    /// qwen-7b, endpoint 3 answered an empty list, endpoint 4 never listed.
+    fn states() -> EndpointStates {
+        let mut t = EndpointStates::default();
+        for (e, names) in [
+            (ep(1), &["llama-8b", "sql-lora"][..]),
+            (ep(2), &["qwen-7b"][..]),
+            (ep(3), &[][..]),
+        ] {
+            let ids = names.iter().map(|n| model_id(n)).collect();
+            t.listed(e, ServedModels::new(ids, 10));
+        }
+        for e in [ep(1), ep(2), ep(3), ep(4), ep(9)] {
+            t.succeed(e, MetricsSnapshot::default(), 10);
+        }
+        t
+    }
+
+    fn serving(t: &ModelPools, states: &EndpointStates, model: &str) -> Vec<Endpoint> {
+        let scope = t.scope(Some(model)).unwrap();
+        [ep(1), ep(2), ep(3), ep(4), ep(9)]
+            .into_iter()
+            .filter(|e| t.serves(scope, *e, &states.get(*e)))
+            .collect()
+    }
+
+    #[test]
+    fn a_listed_entry_is_served_by_the_endpoints_listing_the_requested_name() {
+        let t = table();
+        assert!(t.lists());
+        let s = states();
+        assert_eq!(serving(&t, &s, "llama-8b"), [ep(1)]);
+        assert_eq!(serving(&t, &s, "sql-lora"), [ep(1)], "adapter it lists");
+        assert_eq!(serving(&t, &s, "sql-other"), [], "adapter nobody lists");
+        assert_eq!(serving(&t, &s, "qwen-7b"), [ep(2)]);
+        // A family admits the name; the pods decide who serves it exactly.
+        assert_eq!(serving(&t, &s, "qwen-72b"), []);
+        // Static entries are unchanged: their list, never /v1/models.
+        assert_eq!(serving(&t, &s, "static"), [ep(9)]);
+        assert_eq!(
+            t.scope(Some("qwen-7b")),
+            Ok(Scope::Model {
+                pool: 1,
+                adapter: None,
+                listed: Some(model_id("qwen-7b"))
+            })
+        );
+        assert_eq!(t.scope(Some("mistral")), Err(ModelNotFound));
+        assert!(!ModelPools::new(&[]).lists());
+    }
+
+    #[test]
+    fn a_listed_model_with_no_healthy_listing_endpoint_is_unserved() {
+        let t = table();
+        let mut s = states();
+        let pool = [ep(1), ep(2), ep(3), ep(4), ep(9)];
+        let unserved =
+            |s: &EndpointStates, m: &str| t.unserved(t.scope(Some(m)).unwrap(), &pool, s, 3);
+        assert!(!unserved(&s, "llama-8b"));
+        assert!(unserved(&s, "qwen-72b"), "configured, listed by nobody");
+        assert!(!unserved(&s, "static"), "static entries never are");
+        assert!(!t.unserved(Scope::All, &pool, &s, 3));
+        // Endpoint 1 stops answering scrapes: llama-8b has nowhere to go.
+        for _ in 0..3 {
+            s.fail(ep(1));
+        }
+        assert!(unserved(&s, "llama-8b"));
+        // Out of the pool (discovery removed it): the same.
+        let s = states();
+        assert!(t.unserved(t.scope(Some("llama-8b")).unwrap(), &pool[1..], &s, 3));
+    }
+
+    #[test]
+    fn the_router_decides_a_listed_model_only_among_the_endpoints_listing_it() {
+        use crate::config::Config;
+        use crate::inflight::InFlight;
+        use crate::outlier::OutlierTable;
+        use crate::router::Router;
+        let c = Config::from_json(
+            br#"{"endpoints":["10.0.0.1:8000","10.0.0.2:8000","10.0.0.3:8000","10.0.0.4:8000"],
+                "models":[{"name":"a"},{"name":"b"}],"scheduling":{"seed":1}}"#,
+        )
+        .unwrap();
+        let r = Router::new(c);
+        let mut t = EndpointStates::default();
+        for (e, names) in [
+            (ep(1), &["a"][..]),
+            (ep(2), &["b"][..]),
+            (ep(3), &["a", "b"][..]),
+        ] {
+            t.listed(
+                e,
+                ServedModels::new(names.iter().map(|n| model_id(n)).collect(), 1),
+            );
+        }
+        for i in 1..=4 {
+            t.succeed(ep(i), MetricsSnapshot::default(), 1_000);
+        }
+        let mut rng = fastrand::Rng::with_seed(3);
+        let none = OutlierTable::default();
+        for (model, allowed) in [("a", [ep(1), ep(3)]), ("b", [ep(2), ep(3)])] {
+            let scope = r.scope(Some(model)).unwrap();
+            let mut seen = Vec::new();
+            for k in 0..40u64 {
+                let blocks = [k * 7919 + 1];
+                let d = r
+                    .decide_in(
+                        scope,
+                        &blocks[..],
+                        16,
+                        &t,
+                        &none,
+                        |_| InFlight::default(),
+                        1_010,
+                        &mut rng,
+                    )
+                    .unwrap();
+                assert!(allowed.contains(&d.endpoint), "{model} on {}", d.endpoint);
+                assert!(
+                    d.scores.iter().all(|(e, _)| allowed.contains(e)),
+                    "{model}: {:?}",
+                    d.scores
+                );
+                seen.push(d.endpoint);
+            }
+            seen.sort();
+            seen.dedup();
+            assert_eq!(seen, allowed, "{model}: both listing endpoints take work");
+        }
+        // Nobody listing it: no decision at all (the gateway answered 503 first).
+        let mut t2 = t.clone();
+        t2.forget_served(ep(1));
+        t2.forget_served(ep(3));
+        let a = r.scope(Some("a")).unwrap();
+        assert!(r.models().unserved(a, r.pool(), &t2, 3));
+        assert!(r
+            .decide_in(
+                a,
+                &[1u64][..],
+                16,
+                &t2,
+                &none,
+                |_| InFlight::default(),
+                1_010,
+                &mut rng
+            )
+            .is_none());
     }
 }

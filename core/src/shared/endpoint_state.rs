@@ -1,11 +1,14 @@
 //! What the scraper learned about every endpoint, as one shared-data value
 //! all workers read on their tick: the latest snapshot, when it was taken,
-//! and how many scrapes in a row have failed (the health signal).
+//! and how many scrapes in a row have failed (the health signal); and,
+//! when a `models` entry leaves its endpoints to them, the models each
+//! endpoint's `GET /v1/models` listed.
 
 use crate::endpoint::Endpoint;
 use crate::metrics::lora::{LoraSnapshot, MAX_LISTED};
 use crate::metrics::scrape::ScrapeOutcome;
 use crate::metrics::MetricsSnapshot;
+use crate::models::served::{ServedModels, MAX_IDS};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
 
@@ -22,6 +25,10 @@ pub struct ScrapeState {
     /// ms): the endpoint's process is alive (stall detection reads it).
     #[serde(default)]
     pub answered_at_ms: u64,
+    /// The models its `GET /v1/models` last listed (`models::served`);
+    /// `None` until it has answered one readable list.
+    #[serde(default)]
+    pub served: Option<ServedModels>,
 }
 
 impl ScrapeState {
@@ -99,6 +106,39 @@ impl EndpointStates {
         was
     }
 
+    /// Whether `endpoint` is healthy (see [`ScrapeState::healthy`]), without
+    /// copying its state.
+    pub fn healthy(&self, endpoint: Endpoint, threshold: u32) -> bool {
+        match self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
+            Ok(i) => self.entries[i].1.healthy(threshold),
+            Err(_) => true,
+        }
+    }
+
+    /// When `endpoint`'s `/v1/models` list was read (`None`: never, or
+    /// forgotten), without copying its state.
+    pub fn listed_at(&self, endpoint: Endpoint) -> Option<u64> {
+        let i = self
+            .entries
+            .binary_search_by(|(e, _)| e.cmp(&endpoint))
+            .ok()?;
+        self.entries[i].1.served.as_ref().map(|s| s.listed_at_ms)
+    }
+
+    /// Forgets `endpoint`'s `/v1/models` list: it serves no listed model
+    /// until it is read again (it answers again after leaving the candidate
+    /// set, and may have restarted with other models).
+    pub fn forget_served(&mut self, endpoint: Endpoint) {
+        if let Ok(i) = self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
+            self.entries[i].1.served = None;
+        }
+    }
+
+    /// Records a `/v1/models` list read from `endpoint`.
+    pub fn listed(&mut self, endpoint: Endpoint, served: ServedModels) {
+        self.entry(endpoint).served = Some(served);
+    }
+
     /// Records one scrape's outcome.
     pub fn record(&mut self, endpoint: Endpoint, outcome: ScrapeOutcome, now_ms: u64) {
         match outcome {
@@ -141,9 +181,11 @@ impl EndpointStates {
     /// (u16), then per entry the endpoint (4 + 4 bytes or 6 + 16 bytes, then
     /// the port), `scraped_at_ms` (u64), `answered_at_ms` (u64), `failures`
     /// (u32), a flag byte (bit 0: snapshot, 1: kv_usage, 2: kv_capacity_tokens,
-    /// 3: lora) and the snapshot's fields present; `lora` is its three
-    /// counts (u16) and the listed adapter ids (u32 each, running then
-    /// waiting, as many as the counts capped at [`MAX_LISTED`]).
+    /// 3: lora, 4: served) and the snapshot's fields present; `lora` is its
+    /// three counts (u16) and the listed adapter ids (u32 each, running then
+    /// waiting, as many as the counts capped at [`MAX_LISTED`]); `served`
+    /// (after the snapshot) is `listed_at_ms` (u64), a count (u8, at most
+    /// [`MAX_IDS`]) and the sorted model ids (u32 each).
     pub fn encode(&self) -> Vec<u8> {
         let n = self.entries.len().min(u16::MAX as usize);
         let mut out = Vec::with_capacity(7 + n * 64);
@@ -155,8 +197,10 @@ impl EndpointStates {
             out.extend_from_slice(&s.scraped_at_ms.to_le_bytes());
             out.extend_from_slice(&s.answered_at_ms.to_le_bytes());
             out.extend_from_slice(&s.failures.to_le_bytes());
+            let served = u8::from(s.served.is_some()) << 4;
             let Some(snap) = s.snapshot else {
-                out.push(0);
+                out.push(served);
+                encode_served(s.served.as_ref(), &mut out);
                 continue;
             };
             // Destructured so that a new snapshot field fails to compile here
@@ -171,7 +215,8 @@ impl EndpointStates {
             out.push(
                 1 | u8::from(kv_usage.is_some()) << 1
                     | u8::from(kv_capacity_tokens.is_some()) << 2
-                    | u8::from(lora.is_some()) << 3,
+                    | u8::from(lora.is_some()) << 3
+                    | served,
             );
             out.extend_from_slice(&waiting.to_le_bytes());
             out.extend_from_slice(&running.to_le_bytes());
@@ -184,6 +229,7 @@ impl EndpointStates {
             if let Some(l) = lora {
                 encode_lora(&l, &mut out);
             }
+            encode_served(s.served.as_ref(), &mut out);
         }
         out
     }
@@ -206,9 +252,11 @@ impl EndpointStates {
 }
 
 const MAGIC: &[u8; 4] = b"KVES";
-/// Version 2 added the `lora` flag; a version 1 value (no such flag)
-/// decodes as well.
-const VERSION: u8 = 2;
+/// Version 2 added the `lora` flag, version 3 the `served` one; values of
+/// the older versions (without those flags) decode as well.
+const VERSION: u8 = 3;
+/// Flag bits each version may set.
+const FLAGS: [u8; 3] = [0x07, 0x0f, 0x1f];
 
 fn listed(count: u16) -> usize {
     usize::from(count).min(MAX_LISTED)
@@ -241,6 +289,31 @@ fn decode_lora(r: &mut &[u8]) -> Option<LoraSnapshot> {
     Some(l)
 }
 
+fn encode_served(served: Option<&ServedModels>, out: &mut Vec<u8>) {
+    let Some(s) = served else {
+        return;
+    };
+    let ids = &s.ids[..s.ids.len().min(MAX_IDS)];
+    out.extend_from_slice(&s.listed_at_ms.to_le_bytes());
+    out.push(ids.len() as u8);
+    for id in ids {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+}
+
+fn decode_served(r: &mut &[u8]) -> Option<ServedModels> {
+    let listed_at_ms = u64::from_le_bytes(next(r)?);
+    let n = usize::from(next::<1>(r)?[0]);
+    if n > MAX_IDS {
+        return None;
+    }
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(u32::from_le_bytes(next(r)?));
+    }
+    Some(ServedModels::new(ids, listed_at_ms))
+}
+
 /// The next `N` bytes of `r`, advancing it.
 fn next<const N: usize>(r: &mut &[u8]) -> Option<[u8; N]> {
     let (head, rest) = r.split_first_chunk::<N>()?;
@@ -250,9 +323,11 @@ fn next<const N: usize>(r: &mut &[u8]) -> Option<[u8; N]> {
 
 fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
     let r = &mut r;
-    if !(1..=VERSION).contains(&next::<1>(r)?[0]) {
+    let version = next::<1>(r)?[0];
+    if !(1..=VERSION).contains(&version) {
         return None;
     }
+    let known_flags = FLAGS[usize::from(version - 1)];
     let n = u16::from_le_bytes(next(r)?) as usize;
     // Each entry takes at least 28 bytes: a count the bytes cannot hold is garbage.
     if n > r.len() / 28 {
@@ -274,8 +349,12 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             answered_at_ms: u64::from_le_bytes(next(r)?),
             failures: u32::from_le_bytes(next(r)?),
             snapshot: None,
+            served: None,
         };
         let flags = next::<1>(r)?[0];
+        if flags & !known_flags != 0 {
+            return None;
+        }
         if flags & 1 == 1 {
             let f64_at = |r: &mut &[u8]| next(r).map(f64::from_le_bytes);
             s.snapshot = Some(MetricsSnapshot {
@@ -297,8 +376,11 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
                     None
                 },
             });
-        } else if flags != 0 {
+        } else if flags & 0x0f != 0 {
             return None;
+        }
+        if flags & 0x10 != 0 {
+            s.served = Some(decode_served(r)?);
         }
         entries.push((Endpoint::new(SocketAddr::new(ip, port)), s));
     }
@@ -308,6 +390,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::served::model_id;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -451,8 +534,67 @@ mod tests {
                 1 => t.reachable(e, 5),
                 _ => t.succeed(e, snap, 1_000 + u64::from(i)),
             }
+            // Lists of every length (none, empty, up to the cap; past the
+            // first 50, the one or two names a real pod lists), on every
+            // kind of entry.
+            if i % 3 != 1 {
+                let n = if i < 50 {
+                    [0, 1, 2, 3, MAX_IDS]
+                } else {
+                    [0, 1, 2, 1, 2]
+                };
+                let n = n[usize::from(i % 5)];
+                let ids = (0..n).map(|k| model_id(&format!("model-{k}"))).collect();
+                t.listed(e, ServedModels::new(ids, 2_000 + u64::from(i)));
+            }
         }
         t
+    }
+
+    #[test]
+    fn a_list_can_be_forgotten_and_health_read_without_a_copy() {
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:80");
+        t.listed(a, ServedModels::new(vec![1, 2], 5));
+        assert!(t.get(a).served.is_some_and(|s| s.serves(2)));
+        for _ in 0..3 {
+            t.fail(a);
+        }
+        assert!(!t.healthy(a, 3));
+        assert!(t.healthy(ep("10.0.0.2:80"), 3), "never scraped");
+        assert_eq!(t.listed_at(a), Some(5));
+        t.forget_served(a);
+        assert_eq!(t.get(a).served, None);
+        assert_eq!(t.listed_at(a), None);
+        t.forget_served(ep("10.0.0.2:80"));
+        assert_eq!(t.entries.len(), 1, "forgetting adds nothing");
+    }
+
+    #[test]
+    fn served_lists_roundtrip_and_older_versions_decode() {
+        let t = mixed(40);
+        let bytes = t.encode();
+        assert_eq!(EndpointStates::decode(&bytes).as_ref(), Some(&t));
+        // A version 2 value (no served lists) still decodes...
+        let mut old = t.clone();
+        for (_, s) in &mut old.entries {
+            s.served = None;
+        }
+        let mut v2 = old.encode();
+        v2[4] = 2;
+        assert_eq!(EndpointStates::decode(&v2), Some(old.clone()));
+        // ... and one claiming a flag its version did not have is garbage.
+        let mut bad = bytes.clone();
+        bad[4] = 2;
+        assert_eq!(EndpointStates::decode(&bad), None);
+        // A count over the cap is garbage, not an allocation.
+        let mut one = EndpointStates::default();
+        one.listed(ep("10.0.0.1:80"), ServedModels::new(vec![7], 9));
+        let mut b = one.encode();
+        let count_at = b.len() - 5;
+        assert_eq!(b[count_at], 1);
+        b[count_at] = MAX_IDS as u8 + 1;
+        assert_eq!(EndpointStates::decode(&b), None);
     }
 
     #[test]
