@@ -129,7 +129,7 @@ pub fn take_answer(
                 from_peer: true,
                 ..e
             };
-            if state.store.append_log(learned).is_some() {
+            if state.store.append_log(learned, None).is_some() {
                 state.stats.inc(Counter::PeerLearned);
             }
         }

@@ -102,6 +102,11 @@ pub struct OverheadArgs {
     /// Where the JSON goes (default: `<root>/bench/results`).
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+    /// Another build of `kvroute.wasm` (e.g. an older commit's) to run as a
+    /// third Envoy, `kvroute-before`, in the latency and throughput phases:
+    /// before and after measured side by side in the same run.
+    #[arg(long)]
+    pub before_wasm: Option<PathBuf>,
 }
 
 /// A part of the overhead benchmark (see the module comment).
@@ -126,6 +131,11 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
     validate(args)?;
     let root = args.root.canonicalize().context("--root")?;
     let tools = Tools::in_tree(&root, "overhead")?;
+    if let Some(w) = &args.before_wasm {
+        if !w.is_file() {
+            bail!("--before-wasm {}: not a file", w.display());
+        }
+    }
     let ports = Ports(args.base_port);
     for port in ports.all() {
         procs::ensure_free(port)?;
@@ -156,6 +166,7 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
             "load_secs": args.load_secs,
             "rss_requests": args.rss_requests,
             "rss_body_bytes": args.rss_body_bytes,
+            "before_wasm": args.before_wasm.as_ref().map(|w| w.display().to_string()),
         },
         "latency": results.latency,
         "throughput": results.throughput,
@@ -209,7 +220,7 @@ impl Ports {
     }
     fn all(self) -> Vec<u16> {
         let mut v = vec![self.pod(0), self.pod(1)];
-        for i in 0..9 {
+        for i in 0..10 {
             let (l, a) = self.envoy(i);
             v.extend([l, a]);
         }
@@ -276,7 +287,26 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
     let kv_spec = spec("kvroute", "kvroute", None, ports.envoy(1), args.workers);
     let rr = procs::start_envoy(tools, &rr_spec, &endpoints)?;
     let kv = procs::start_envoy(tools, &kv_spec, &endpoints)?;
-    let urls = [url(rr_spec.listen), url(kv_spec.listen)];
+    let mut urls = vec![url(rr_spec.listen), url(kv_spec.listen)];
+    // The older build, when given: a third Envoy in the same alternation.
+    let before_spec = spec(
+        "kvroute-before",
+        "kvroute",
+        None,
+        ports.envoy(9),
+        args.workers,
+    );
+    let before = match &args.before_wasm {
+        Some(wasm) => {
+            let before_tools = Tools {
+                wasm: wasm.clone(),
+                ..tools.clone()
+            };
+            urls.push(url(before_spec.listen));
+            Some(procs::start_envoy(&before_tools, &before_spec, &endpoints)?)
+        }
+        None => None,
+    };
 
     let mut latency = Vec::new();
     let sizes = if args.phases.contains(&Phase::Latency) {
@@ -298,7 +328,7 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
             args.latency_rounds,
         )
         .await?;
-        latency.push(latency_row(size, &h[0], &h[1]));
+        latency.push(latency_row(size, &h[0], &h[1], h.get(2)));
     }
 
     let ticks = procs::clock_ticks();
@@ -308,8 +338,12 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
     } else {
         &[]
     };
+    let mut routers = vec![("round_robin", &rr, &urls[0]), ("kvroute", &kv, &urls[1])];
+    if let Some(b) = &before {
+        routers.push(("kvroute-before", b, &urls[2]));
+    }
     for &size in load_sizes {
-        for (name, envoy, url) in [("round_robin", &rr, &urls[0]), ("kvroute", &kv, &urls[1])] {
+        for &(name, envoy, url) in &routers {
             eprintln!(
                 "overhead: throughput, {name}, {size} byte bodies, {} connections, {} s",
                 args.load_concurrency, args.load_secs
@@ -360,6 +394,8 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
     }
     let mut counters = serde_json::Map::new();
     counters.insert("side_by_side".into(), counters_json(kv_spec.admin)?);
+    drop(routers);
+    drop(before);
     drop(kv);
     drop(rr);
 
@@ -415,7 +451,7 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
         breakdown(args, tools, ports, &endpoints, &client, &bodies).await?
     };
     drop(sim);
-    let goals = goals(&latency, &memory);
+    let goals = goals(&latency, &throughput, &memory);
     Ok(Results {
         latency: Value::Array(latency),
         throughput: Value::Array(throughput),
@@ -623,19 +659,51 @@ fn counters_json(admin: u16) -> Result<Value> {
     ))
 }
 
-fn latency_row(size: usize, base: &Histogram<u64>, kv: &Histogram<u64>) -> Value {
-    let added = |q: f64| round(us(kv, q) - us(base, q), 1);
-    json!({
+fn latency_row(
+    size: usize,
+    base: &Histogram<u64>,
+    kv: &Histogram<u64>,
+    before: Option<&Histogram<u64>>,
+) -> Value {
+    let pcts = |h: &Histogram<u64>| json!({"p50": us(h, 50.0), "p90": us(h, 90.0), "p99": us(h, 99.0), "mean": round(h.mean() / 1e3, 1)});
+    let added = |h: &Histogram<u64>| {
+        let d = |q: f64| round(us(h, q) - us(base, q), 1);
+        json!({"p50": d(50.0), "p90": d(90.0), "p99": d(99.0), "mean": round((h.mean() - base.mean()) / 1e3, 1)})
+    };
+    let mut row = json!({
         "body_bytes": size,
         "samples": kv.len(),
-        "round_robin_us": {"p50": us(base, 50.0), "p90": us(base, 90.0), "p99": us(base, 99.0), "mean": round(base.mean() / 1e3, 1)},
-        "kvroute_us": {"p50": us(kv, 50.0), "p90": us(kv, 90.0), "p99": us(kv, 99.0), "mean": round(kv.mean() / 1e3, 1)},
-        "added_us": {"p50": added(50.0), "p90": added(90.0), "p99": added(99.0), "mean": round((kv.mean() - base.mean()) / 1e3, 1)},
-    })
+        "round_robin_us": pcts(base),
+        "kvroute_us": pcts(kv),
+        "added_us": added(kv),
+    });
+    if let Some(b) = before {
+        row["kvroute_before_us"] = pcts(b);
+        row["before_added_us"] = added(b);
+    }
+    row
 }
 
+/// Issue 14's limits on kvroute's in-proxy cost (against round robin).
+const GOAL_ADDED_P50_16K_US: f64 = 50.0;
+const GOAL_ADDED_P50_512K_US: f64 = 400.0;
+const GOAL_ADDED_CPU_1K_US: f64 = 25.0;
+
 /// The issue's goals, judged on this run's numbers.
-fn goals(latency: &[Value], memory: &[Value]) -> Value {
+fn goals(latency: &[Value], throughput: &[Value], memory: &[Value]) -> Value {
+    let cpu = |router: &str| {
+        throughput
+            .iter()
+            .find(|r| r["router"] == router && r["body_bytes"].as_u64() == Some(1024))
+            .and_then(|r| r["envoy_cpu_us_per_request"].as_f64())
+    };
+    let added_cpu = match (cpu("round_robin"), cpu("kvroute")) {
+        (Some(rr), Some(kv)) => {
+            let v = round(kv - rr, 1);
+            json!({"added_envoy_cpu_us_per_request": v, "limit_us": GOAL_ADDED_CPU_1K_US, "met": v <= GOAL_ADDED_CPU_1K_US})
+        }
+        _ => Value::Null,
+    };
     let added_p50 = |size: u64| {
         latency
             .iter()
@@ -664,15 +732,17 @@ fn goals(latency: &[Value], memory: &[Value]) -> Value {
         })
         .collect();
     json!({
-        "added_latency_16KiB_p50": judge(added_p50(16 << 10), 100.0),
-        "added_latency_512KiB_p50": judge(added_p50(512 << 10), 1000.0),
+        "added_latency_16KiB_p50": judge(added_p50(16 << 10), GOAL_ADDED_P50_16K_US),
+        "added_latency_512KiB_p50": judge(added_p50(512 << 10), GOAL_ADDED_P50_512K_US),
+        "added_envoy_cpu_1KiB": added_cpu,
         "rss_flat": rss,
     })
 }
 
 fn print_tables(report: &Value) {
     let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+    let with_before = report["config"]["before_wasm"].is_string();
+    let mut header = vec![
         "body",
         "rr p50 us",
         "kv p50 us",
@@ -680,9 +750,13 @@ fn print_tables(report: &Value) {
         "rr p99 us",
         "kv p99 us",
         "added p99",
-    ]);
+    ];
+    if with_before {
+        header.extend(["before p50 us", "before added p50", "before added p99"]);
+    }
+    t.load_preset(UTF8_FULL_CONDENSED).set_header(header);
     for r in report["latency"].as_array().into_iter().flatten() {
-        t.add_row(vec![
+        let mut row = vec![
             size_label(r["body_bytes"].as_u64().unwrap_or(0)),
             r["round_robin_us"]["p50"].to_string(),
             r["kvroute_us"]["p50"].to_string(),
@@ -690,7 +764,15 @@ fn print_tables(report: &Value) {
             r["round_robin_us"]["p99"].to_string(),
             r["kvroute_us"]["p99"].to_string(),
             r["added_us"]["p99"].to_string(),
-        ]);
+        ];
+        if with_before {
+            row.extend([
+                r["kvroute_before_us"]["p50"].to_string(),
+                r["before_added_us"]["p50"].to_string(),
+                r["before_added_us"]["p99"].to_string(),
+            ]);
+        }
+        t.add_row(row);
     }
     println!("Added latency (sequential, client-observed, non-streaming, max_tokens 1)\n{t}");
 
@@ -886,11 +968,21 @@ mod tests {
             base.record(200_000).unwrap();
             kv.record(250_000).unwrap();
         }
-        let row = latency_row(16 << 10, &base, &kv);
+        let row = latency_row(16 << 10, &base, &kv, Some(&kv));
         let added = row["added_us"]["p50"].as_f64().unwrap();
         assert!((added - 50.0).abs() < 0.5, "{added}"); // hdrhistogram rounds to 3 digits
-        let g = goals(&[row], &[]);
-        assert_eq!(g["added_latency_16KiB_p50"]["met"], json!(true));
+        assert_eq!(row["before_added_us"]["p50"], row["added_us"]["p50"]);
+        let cpu = |router: &str, us: f64| json!({"router": router, "body_bytes": 1024, "envoy_cpu_us_per_request": us});
+        let g = goals(
+            &[row],
+            &[cpu("round_robin", 35.0), cpu("kvroute", 61.0)],
+            &[],
+        );
+        assert_eq!(
+            g["added_latency_16KiB_p50"]["met"],
+            json!(added <= GOAL_ADDED_P50_16K_US)
+        );
         assert!(g["added_latency_512KiB_p50"].is_null());
+        assert_eq!(g["added_envoy_cpu_1KiB"]["met"], json!(false), "26 us > 25");
     }
 }
