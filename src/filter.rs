@@ -35,7 +35,7 @@
 use crate::root::now_ms;
 use crate::stats::{Counter, ObjectiveCounter};
 use crate::vm_state::{Routed, VmState};
-use kvroute_core::answer::{verdict, Verdict};
+use kvroute_core::answer::{needs_code_details, verdict, Verdict};
 use kvroute_core::config::{Handoff, STREAM_HEADER};
 use kvroute_core::error_reply::ErrorReply;
 use kvroute_core::models::listing::{self, ModelsReply};
@@ -385,14 +385,16 @@ impl HttpContext for RequestFilter {
                     .borrow_mut()
                     .observe_response(endpoint, status, || now_ms(self));
             }
-            let details = self.property_text(&["response", "code_details"]);
             let upstream = self.property_text(&["upstream", "address"]);
-            let verdict = verdict(
-                details.as_deref().unwrap_or(""),
-                upstream.as_deref(),
-                endpoint,
-            );
-            if verdict == Verdict::NotAnswered {
+            let not_answered = needs_code_details(status, upstream.as_deref(), endpoint) && {
+                let details = self.property_text(&["response", "code_details"]);
+                verdict(
+                    details.as_deref().unwrap_or(""),
+                    upstream.as_deref(),
+                    endpoint,
+                ) == Verdict::NotAnswered
+            };
+            if not_answered {
                 self.chosen_answered = false;
                 self.state.borrow_mut().not_answered(endpoint);
             }

@@ -343,7 +343,7 @@ impl SharedStore {
     /// head as [`Self::read_log`] just read it, is tried first: when no
     /// other VM appended since, the slot is reserved without reading the
     /// head again.
-    pub fn append_log(&self, mut entry: LogEntry, head: Option<Snapshot<u64>>) -> Option<u64> {
+    pub fn append_log(&self, entry: &mut LogEntry, head: Option<Snapshot<u64>>) -> Option<u64> {
         let mut seq = 0;
         let fast = head.filter(|h| h.cas.is_some()).is_some_and(|h| {
             seq = h.value;

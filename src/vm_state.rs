@@ -19,6 +19,7 @@ use kvroute_core::request::InferenceRequest;
 use kvroute_core::router::Router;
 use kvroute_core::scheduler::Decision;
 use kvroute_core::shared::decision_log::LogEntry;
+use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use log::warn;
 use std::collections::{HashMap, HashSet};
@@ -78,6 +79,8 @@ pub struct VmState {
     /// decision log (Envoy's main-thread VM never routes one, and replaying
     /// every worker's decisions there was pure cost).
     routes: bool,
+    /// Index records put off until a decision needs them.
+    deferred: Deferred,
     /// In-flight gauges as last written (see `publish_inflight_gauges`).
     inflight_gauges: HashMap<Endpoint, u64>,
     /// When this VM last wrote them.
@@ -110,6 +113,7 @@ impl VmState {
             routes: false,
             inflight_gauges: HashMap::new(),
             gauges_at_ms: 0,
+            deferred: Deferred::default(),
         }
     }
 
@@ -127,14 +131,44 @@ impl VmState {
         }
         for entry in read.entries {
             if !self.own_seqs.remove(&entry.seq) {
-                self.router
-                    .learn(entry.endpoint, &entry.blocks, entry.at_ms);
+                self.learn(entry.endpoint, entry.blocks, entry.at_ms);
             }
         }
         // Own entries the ring lost are never seen again: keep the set bounded.
         let next = self.cursor.next;
         self.own_seqs.retain(|s| *s >= next);
         read.head
+    }
+
+    /// Teaches the router a decision: when it was made at once (the cold
+    /// rotation reads it), its prefix-index record now or, when it can
+    /// wait, before the first decision that could match it
+    /// (`kvroute_core::shared::deferred`).
+    fn learn(&mut self, endpoint: Endpoint, hashes: Vec<u64>, at_ms: u64) {
+        if !Deferred::can_wait(&hashes) {
+            self.router.learn(endpoint, &hashes, at_ms);
+            return;
+        }
+        self.router.learn(endpoint, &[] as &[u64], at_ms);
+        self.deferred.push(Pending {
+            endpoint,
+            hashes,
+            at_ms,
+        });
+        if self.deferred.full() {
+            self.apply_deferred(None);
+        }
+    }
+
+    /// Records the put-off decisions a prompt starting with `first` could
+    /// match (all of them for `None`).
+    fn apply_deferred(&mut self, first: Option<u64>) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        for p in self.deferred.take(first) {
+            self.router.learn(p.endpoint, &p.hashes, p.at_ms);
+        }
     }
 
     /// Tick at `now_ms`: refresh the pool (discovery), scrape states and the
@@ -150,6 +184,7 @@ impl VmState {
         self.router.observe(&self.states);
         if self.routes {
             self.replay_log();
+            self.apply_deferred(None);
         } else {
             // Nothing to learn for: keep only the cursor within the ring, so
             // a first request replays at most one ring, as on start-up.
@@ -195,6 +230,11 @@ impl VmState {
             None => (Prompt::default(), 0),
         };
         let blocks = prompt.blocks;
+        // Only decisions on prompts with the same first block can match.
+        // (A prompt without one matches only leaves, never put off.)
+        if let Some(&first) = blocks.first() {
+            self.apply_deferred(Some(first));
+        }
         // Read with its CAS token: the update after the decision is then
         // one write when no other worker changed the table meanwhile.
         let snapshot = self.store.inflight_snapshot();
@@ -222,20 +262,27 @@ impl VmState {
         if request.is_some() {
             self.router.routed(tokens);
         }
-        self.router.learn(endpoint, prompt, now_ms);
         // Other workers only need decisions that teach the prefix index
         // (in-flight counts, which spread everything else, are shared anyway).
         let learned = request.map(InferenceRequest::learned).unwrap_or_default();
-        if !learned.is_empty() {
-            let entry = LogEntry {
+        if learned.is_empty() {
+            self.router.learn(endpoint, prompt, now_ms);
+        } else {
+            let mut entry = LogEntry {
                 from_peer: false,
                 seq: 0,
                 endpoint,
                 at_ms: now_ms,
                 blocks: learned,
             };
-            if let Some(seq) = self.store.append_log(entry, head) {
+            if let Some(seq) = self.store.append_log(&mut entry, head) {
                 self.own_seqs.insert(seq);
+            }
+            // The same record every other worker makes of this decision.
+            if Deferred::can_wait(&entry.blocks) {
+                self.learn(endpoint, entry.blocks, now_ms);
+            } else {
+                self.router.learn(endpoint, prompt, now_ms);
             }
         }
         self.store

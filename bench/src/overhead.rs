@@ -73,6 +73,10 @@ pub struct OverheadArgs {
     /// Seconds per router and size in the throughput phase.
     #[arg(long, default_value_t = 10)]
     pub load_secs: u64,
+    /// The throughput phase's seconds are split into this many windows per
+    /// router, run in turn (round robin, kvroute, kvroute, ...).
+    #[arg(long, default_value_t = 5)]
+    pub load_rounds: u32,
     /// Requests with unique prefixes per memory pass (0 skips the phase).
     #[arg(long, default_value_t = 100_000)]
     pub rss_requests: u64,
@@ -102,11 +106,11 @@ pub struct OverheadArgs {
     /// Where the JSON goes (default: `<root>/bench/results`).
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
-    /// Another build of `kvroute.wasm` (e.g. an older commit's) to run as a
-    /// third Envoy, `kvroute-before`, in the latency and throughput phases:
-    /// before and after measured side by side in the same run.
-    #[arg(long)]
-    pub before_wasm: Option<PathBuf>,
+    /// Other builds of `kvroute.wasm` (e.g. an older commit's), each run as
+    /// one more Envoy (`kvroute-<file stem>`) in the latency and throughput
+    /// phases: before and after measured side by side in the same run.
+    #[arg(long, value_delimiter = ',')]
+    pub before_wasm: Vec<PathBuf>,
 }
 
 /// A part of the overhead benchmark (see the module comment).
@@ -131,7 +135,10 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
     validate(args)?;
     let root = args.root.canonicalize().context("--root")?;
     let tools = Tools::in_tree(&root, "overhead")?;
-    if let Some(w) = &args.before_wasm {
+    if args.before_wasm.len() > 4 {
+        bail!("--before-wasm: at most 4 builds");
+    }
+    for w in &args.before_wasm {
         if !w.is_file() {
             bail!("--before-wasm {}: not a file", w.display());
         }
@@ -164,9 +171,10 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
             "warmup_rounds": args.warmup_rounds,
             "load_concurrency": args.load_concurrency,
             "load_secs": args.load_secs,
+            "load_rounds": args.load_rounds,
             "rss_requests": args.rss_requests,
             "rss_body_bytes": args.rss_body_bytes,
-            "before_wasm": args.before_wasm.as_ref().map(|w| w.display().to_string()),
+            "before_wasm": args.before_wasm.iter().map(|w| w.display().to_string()).collect::<Vec<_>>(),
         },
         "latency": results.latency,
         "throughput": results.throughput,
@@ -220,12 +228,22 @@ impl Ports {
     }
     fn all(self) -> Vec<u16> {
         let mut v = vec![self.pod(0), self.pod(1)];
-        for i in 0..10 {
+        for i in 0..14 {
             let (l, a) = self.envoy(i);
             v.extend([l, a]);
         }
         v
     }
+}
+
+/// One router's throughput windows, summed.
+#[derive(Default)]
+struct Acc {
+    ok: u64,
+    secs: f64,
+    /// CPU seconds of Envoy, the simulator and this client.
+    cpu: [f64; 3],
+    latency: Option<Histogram<u64>>,
 }
 
 struct Results {
@@ -288,26 +306,28 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
     let rr = procs::start_envoy(tools, &rr_spec, &endpoints)?;
     let kv = procs::start_envoy(tools, &kv_spec, &endpoints)?;
     let mut urls = vec![url(rr_spec.listen), url(kv_spec.listen)];
-    // The older build, when given: a third Envoy in the same alternation.
-    let before_spec = spec(
-        "kvroute-before",
-        "kvroute",
-        None,
-        ports.envoy(9),
-        args.workers,
-    );
-    let before = match &args.before_wasm {
-        Some(wasm) => {
-            let before_tools = Tools {
-                wasm: wasm.clone(),
-                ..tools.clone()
-            };
-            urls.push(url(before_spec.listen));
-            Some(procs::start_envoy(&before_tools, &before_spec, &endpoints)?)
-        }
-        None => None,
-    };
-
+    // Older builds, when given: more Envoys in the same alternation.
+    let mut others = Vec::new();
+    for (i, wasm) in args.before_wasm.iter().enumerate() {
+        let stem = wasm
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = format!("kvroute-{stem}");
+        let s = spec(
+            &name,
+            "kvroute",
+            None,
+            ports.envoy(9 + i as u16),
+            args.workers,
+        );
+        let before_tools = Tools {
+            wasm: wasm.clone(),
+            ..tools.clone()
+        };
+        urls.push(url(s.listen));
+        others.push((name, procs::start_envoy(&before_tools, &s, &endpoints)?));
+    }
     let mut latency = Vec::new();
     let sizes = if args.phases.contains(&Phase::Latency) {
         &args.sizes[..]
@@ -328,7 +348,12 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
             args.latency_rounds,
         )
         .await?;
-        latency.push(latency_row(size, &h[0], &h[1], h.get(2)));
+        let named: Vec<(&str, &Histogram<u64>)> = others
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .zip(&h[2..])
+            .collect();
+        latency.push(latency_row(size, &h[0], &h[1], &named));
     }
 
     let ticks = procs::clock_ticks();
@@ -339,63 +364,84 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
         &[]
     };
     let mut routers = vec![("round_robin", &rr, &urls[0]), ("kvroute", &kv, &urls[1])];
-    if let Some(b) = &before {
-        routers.push(("kvroute-before", b, &urls[2]));
+    for ((name, envoy), url) in others.iter().zip(&urls[2..]) {
+        routers.push((name.as_str(), envoy, url));
     }
     for &size in load_sizes {
-        for &(name, envoy, url) in &routers {
-            eprintln!(
-                "overhead: throughput, {name}, {size} byte bodies, {} connections, {} s",
-                args.load_concurrency, args.load_secs
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let pids = [envoy.pid(), sim.pid(), std::process::id()];
-            let before: Vec<f64> = pids
-                .iter()
-                .map(|&p| procs::cpu_seconds(p, ticks))
-                .collect::<Result<_>>()?;
-            let r = load::closed_loop(
-                &client,
-                url,
-                bodies.clone(),
-                size,
-                args.load_concurrency,
-                Stop::After(Duration::from_secs(args.load_secs)),
-            )
-            .await?;
-            let after: Vec<f64> = pids
-                .iter()
-                .map(|&p| procs::cpu_seconds(p, ticks))
-                .collect::<Result<_>>()?;
-            if r.errors > 0 {
-                bail!(
-                    "{name}: {} errors, first: {}",
-                    r.errors,
-                    r.first_error.unwrap_or_default()
+        // Interleaved rounds: every router runs a short window in turn, so
+        // drift on the shared box (other jobs) hits them all alike.
+        let rounds = args.load_rounds.max(1);
+        let window = Duration::from_secs_f64(args.load_secs as f64 / rounds as f64);
+        let mut acc: Vec<Acc> = routers.iter().map(|_| Acc::default()).collect();
+        for round in 0..rounds {
+            for (i, &(name, envoy, url)) in routers.iter().enumerate() {
+                eprintln!(
+                    "overhead: throughput, {name}, {size} byte bodies, {} connections, round {}/{rounds}, {:.1} s",
+                    args.load_concurrency,
+                    round + 1,
+                    window.as_secs_f64()
                 );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let pids = [envoy.pid(), sim.pid(), std::process::id()];
+                let before: Vec<f64> = pids
+                    .iter()
+                    .map(|&p| procs::cpu_seconds(p, ticks))
+                    .collect::<Result<_>>()?;
+                let r = load::closed_loop(
+                    &client,
+                    url,
+                    bodies.clone(),
+                    size,
+                    args.load_concurrency,
+                    Stop::After(window),
+                )
+                .await?;
+                let after: Vec<f64> = pids
+                    .iter()
+                    .map(|&p| procs::cpu_seconds(p, ticks))
+                    .collect::<Result<_>>()?;
+                if r.errors > 0 {
+                    bail!(
+                        "{name}: {} errors, first: {}",
+                        r.errors,
+                        r.first_error.unwrap_or_default()
+                    );
+                }
+                let a = &mut acc[i];
+                a.ok += r.ok;
+                a.secs += r.elapsed.as_secs_f64();
+                for k in 0..3 {
+                    a.cpu[k] += after[k] - before[k];
+                }
+                a.latency
+                    .get_or_insert_with(load::histogram)
+                    .add(&r.latency)?;
             }
-            let per_req_us = |i: usize| (after[i] - before[i]) * 1e6 / r.ok.max(1) as f64;
-            let secs = r.elapsed.as_secs_f64();
+        }
+        for (&(name, _, _), a) in routers.iter().zip(&acc) {
+            let per_req_us = |k: usize| a.cpu[k] * 1e6 / a.ok.max(1) as f64;
+            let latency = a.latency.clone().unwrap_or_else(load::histogram);
             throughput.push(json!({
                 "router": name,
                 "body_bytes": size,
                 "concurrency": args.load_concurrency,
-                "requests": r.ok,
-                "seconds": round(secs, 3),
-                "requests_per_s": round(r.ok as f64 / secs, 1),
-                "latency_p50_us": us(&r.latency, 50.0),
-                "latency_p99_us": us(&r.latency, 99.0),
+                "rounds": rounds,
+                "requests": a.ok,
+                "seconds": round(a.secs, 3),
+                "requests_per_s": round(a.ok as f64 / a.secs, 1),
+                "latency_p50_us": us(&latency, 50.0),
+                "latency_p99_us": us(&latency, 99.0),
                 "envoy_cpu_us_per_request": round(per_req_us(0), 1),
                 "sim_cpu_us_per_request": round(per_req_us(1), 1),
                 "client_cpu_us_per_request": round(per_req_us(2), 1),
-                "envoy_cores_busy": round((after[0] - before[0]) / secs, 2),
+                "envoy_cores_busy": round(a.cpu[0] / a.secs, 2),
             }));
         }
     }
     let mut counters = serde_json::Map::new();
     counters.insert("side_by_side".into(), counters_json(kv_spec.admin)?);
     drop(routers);
-    drop(before);
+    drop(others);
     drop(kv);
     drop(rr);
 
@@ -663,7 +709,7 @@ fn latency_row(
     size: usize,
     base: &Histogram<u64>,
     kv: &Histogram<u64>,
-    before: Option<&Histogram<u64>>,
+    others: &[(&str, &Histogram<u64>)],
 ) -> Value {
     let pcts = |h: &Histogram<u64>| json!({"p50": us(h, 50.0), "p90": us(h, 90.0), "p99": us(h, 99.0), "mean": round(h.mean() / 1e3, 1)});
     let added = |h: &Histogram<u64>| {
@@ -677,9 +723,15 @@ fn latency_row(
         "kvroute_us": pcts(kv),
         "added_us": added(kv),
     });
-    if let Some(b) = before {
-        row["kvroute_before_us"] = pcts(b);
-        row["before_added_us"] = added(b);
+    if !others.is_empty() {
+        row["others_us"] = others
+            .iter()
+            .map(|(n, h)| ((*n).to_owned(), pcts(h)))
+            .collect();
+        row["others_added_us"] = others
+            .iter()
+            .map(|(n, h)| ((*n).to_owned(), added(h)))
+            .collect();
     }
     row
 }
@@ -741,8 +793,11 @@ fn goals(latency: &[Value], throughput: &[Value], memory: &[Value]) -> Value {
 
 fn print_tables(report: &Value) {
     let mut t = Table::new();
-    let with_before = report["config"]["before_wasm"].is_string();
-    let mut header = vec![
+    let others: Vec<String> = report["latency"][0]["others_us"]
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut header: Vec<String> = [
         "body",
         "rr p50 us",
         "kv p50 us",
@@ -750,9 +805,11 @@ fn print_tables(report: &Value) {
         "rr p99 us",
         "kv p99 us",
         "added p99",
-    ];
-    if with_before {
-        header.extend(["before p50 us", "before added p50", "before added p99"]);
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for n in &others {
+        header.extend([format!("{n} p50"), format!("{n} added p50")]);
     }
     t.load_preset(UTF8_FULL_CONDENSED).set_header(header);
     for r in report["latency"].as_array().into_iter().flatten() {
@@ -765,11 +822,10 @@ fn print_tables(report: &Value) {
             r["kvroute_us"]["p99"].to_string(),
             r["added_us"]["p99"].to_string(),
         ];
-        if with_before {
+        for n in &others {
             row.extend([
-                r["kvroute_before_us"]["p50"].to_string(),
-                r["before_added_us"]["p50"].to_string(),
-                r["before_added_us"]["p99"].to_string(),
+                r["others_us"][n]["p50"].to_string(),
+                r["others_added_us"][n]["p50"].to_string(),
             ]);
         }
         t.add_row(row);
@@ -968,10 +1024,13 @@ mod tests {
             base.record(200_000).unwrap();
             kv.record(250_000).unwrap();
         }
-        let row = latency_row(16 << 10, &base, &kv, Some(&kv));
+        let row = latency_row(16 << 10, &base, &kv, &[("kvroute-old", &kv)]);
         let added = row["added_us"]["p50"].as_f64().unwrap();
         assert!((added - 50.0).abs() < 0.5, "{added}"); // hdrhistogram rounds to 3 digits
-        assert_eq!(row["before_added_us"]["p50"], row["added_us"]["p50"]);
+        assert_eq!(
+            row["others_added_us"]["kvroute-old"]["p50"],
+            row["added_us"]["p50"]
+        );
         let cpu = |router: &str, us: f64| json!({"router": router, "body_bytes": 1024, "envoy_cpu_us_per_request": us});
         let g = goals(
             &[row],
