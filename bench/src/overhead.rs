@@ -107,7 +107,8 @@ pub struct OverheadArgs {
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
     /// Other builds of `kvroute.wasm` (e.g. an older commit's), each run as
-    /// one more Envoy (`kvroute-<file stem>`) in the latency and throughput
+    /// one more Envoy (named after the file stem, prefixed `kvroute-` unless
+    /// it starts so; give the builds distinct names) in the latency and throughput
     /// phases: before and after measured side by side in the same run.
     #[arg(long, value_delimiter = ',')]
     pub before_wasm: Vec<PathBuf>,
@@ -313,7 +314,11 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let name = format!("kvroute-{stem}");
+        let name = if stem.starts_with("kvroute") {
+            stem
+        } else {
+            format!("kvroute-{stem}")
+        };
         let s = spec(
             &name,
             "kvroute",
