@@ -36,7 +36,7 @@
 use crate::root::now_ms;
 use crate::stats::{Counter, ObjectiveCounter};
 use crate::vm_state::{Routed, VmState};
-use kvroute_core::answer::{verdict, Verdict};
+use kvroute_core::answer::{needs_code_details, verdict, Verdict};
 use kvroute_core::config::{Handoff, STREAM_HEADER};
 use kvroute_core::error_reply::ErrorReply;
 use kvroute_core::models::listing::{self, ModelsReply};
@@ -56,6 +56,9 @@ pub struct RequestFilter {
     api: Option<ApiKind>,
     routed: Option<Routed>,
     tokens_released: bool,
+    /// The chosen endpoint's first response chunk was also the last, at
+    /// this time (ms): `on_log` settles both in one in-flight update.
+    answered_at: Option<u64>,
     /// Bytes of request body buffered so far (read again when trailers end
     /// the body).
     body_bytes: usize,
@@ -80,6 +83,7 @@ impl RequestFilter {
             api: None,
             routed: None,
             tokens_released: false,
+            answered_at: None,
             body_bytes: 0,
             decided: false,
             chosen_answered: true,
@@ -230,16 +234,6 @@ impl RequestFilter {
         Some(Action::Pause)
     }
 
-    /// The objective the request's header names (the default without
-    /// `objectives`, without the header, or for a name not listed).
-    fn objective_of_request(&self) -> Objective {
-        let state = self.state.borrow();
-        match &state.config().objectives {
-            Some(o) => o.resolve(self.get_http_request_header(&o.header).as_deref()),
-            None => Objective::DEFAULT,
-        }
-    }
-
     /// A string property of the stream (`None` when absent or not UTF-8).
     fn property_text(&self, path: &[&str]) -> Option<String> {
         self.get_property(path.to_vec())
@@ -283,24 +277,39 @@ impl Context for RequestFilter {}
 
 impl HttpContext for RequestFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let header = {
+        // One host call for every header (values as bytes: a client's
+        // non-UTF-8 value must not panic), instead of one per header read.
+        let headers = self.get_http_request_headers_bytes();
+        let find = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_slice())
+        };
+        let text = |name: &str| {
+            find(name)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default()
+        };
+        let (steering, stream_mark) = {
             let state = self.state.borrow();
             state.stats.inc(Counter::Requests);
-            state.config().destination_header.clone()
+            let header = &state.config().destination_header;
+            (find(header).is_some(), find(STREAM_HEADER).is_some())
         };
-        if self.get_http_request_header(&header).is_some() {
-            self.state
-                .borrow()
-                .stats
-                .inc(Counter::SteeringHeaderRemoved);
+        if steering {
+            let state = self.state.borrow();
+            state.stats.inc(Counter::SteeringHeaderRemoved);
+            // Removes every value of the header, whatever its case on the wire.
+            self.set_http_request_header(&state.config().destination_header, None);
         }
-        // Removes every value of the header, whatever its case on the wire.
-        self.set_http_request_header(&header, None);
         // Only kvroute marks a request as streaming (it picks the route's
         // first-byte bound).
-        self.set_http_request_header(STREAM_HEADER, None);
+        if stream_mark {
+            self.set_http_request_header(STREAM_HEADER, None);
+        }
 
-        let path = self.get_http_request_header(":path").unwrap_or_default();
+        let path = text(":path");
         let allowed = path_policy::is_allowed(&self.state.borrow().config().allowed_paths, &path);
         if !allowed {
             self.decided = true;
@@ -308,14 +317,23 @@ impl HttpContext for RequestFilter {
             self.reply(ErrorReply::PathNotAllowed);
             return Action::Pause;
         }
-        let method = self.get_http_request_header(":method");
-        if method.as_deref() == Some("GET") {
+        let method = find(":method").map(<[u8]>::to_vec);
+        let method = method
+            .as_deref()
+            .map(|m| std::str::from_utf8(m).unwrap_or(""));
+        if method == Some("GET") {
             if let Some(action) = self.answer_models_path(&path) {
                 return action;
             }
         }
-        self.objective = self.objective_of_request();
-        let is_post = method.as_deref() == Some("POST");
+        self.objective = {
+            let state = self.state.borrow();
+            match &state.config().objectives {
+                Some(o) => o.resolve(find(&o.header).and_then(|v| std::str::from_utf8(v).ok())),
+                None => Objective::DEFAULT,
+            }
+        };
+        let is_post = method == Some("POST");
         self.api = ApiKind::from_path(&path).filter(|_| is_post);
         self.read_model = is_post && self.api.is_none() && self.has_models();
         if (self.api.is_some() || self.read_model) && !end_of_stream {
@@ -374,20 +392,23 @@ impl HttpContext for RequestFilter {
             let status = self
                 .get_http_response_header(":status")
                 .and_then(|s| s.parse::<u16>().ok());
-            let (endpoint, now) = (r.decision.endpoint, now_ms(self));
+            let endpoint = r.decision.endpoint;
             if let Some(status) = status {
+                // The clock is read only when passive health has news.
                 self.state
                     .borrow_mut()
-                    .observe_response(endpoint, status, now);
+                    .observe_response(endpoint, status, || now_ms(self));
             }
-            let details = self.property_text(&["response", "code_details"]);
             let upstream = self.property_text(&["upstream", "address"]);
-            let verdict = verdict(
-                details.as_deref().unwrap_or(""),
-                upstream.as_deref(),
-                endpoint,
-            );
-            if verdict == Verdict::NotAnswered {
+            let not_answered = needs_code_details(status, upstream.as_deref(), endpoint) && {
+                let details = self.property_text(&["response", "code_details"]);
+                verdict(
+                    details.as_deref().unwrap_or(""),
+                    upstream.as_deref(),
+                    endpoint,
+                ) == Verdict::NotAnswered
+            };
+            if not_answered {
                 self.chosen_answered = false;
                 self.state.borrow_mut().not_answered(endpoint);
             }
@@ -401,20 +422,32 @@ impl HttpContext for RequestFilter {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
         // Only a chunk the chosen endpoint sent is its progress; otherwise
         // on_log settles the request as unanswered.
         if !self.tokens_released && self.chosen_answered {
             self.tokens_released = true;
             if let Some(r) = &self.routed {
                 let now = now_ms(self);
-                self.state.borrow_mut().first_chunk(r, self.stream, now);
+                if end_of_stream {
+                    // The whole answer in one chunk: on_log comes next.
+                    self.answered_at = Some(now);
+                } else {
+                    self.state.borrow_mut().first_chunk(r, self.stream, now);
+                }
             }
         }
         Action::Continue
     }
 
     fn on_log(&mut self) {
+        if let Some(at) = self.answered_at {
+            if let Some(r) = self.routed.take() {
+                self.state
+                    .borrow_mut()
+                    .answered_and_finished(&r, self.stream, at);
+            }
+        }
         if let Some(r) = self.routed.take() {
             let unanswered = (!self.tokens_released).then_some(r.tokens);
             self.state

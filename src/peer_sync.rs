@@ -124,12 +124,12 @@ pub fn take_answer(
         for e in intake.entries {
             state.stats.peer_lag(now_ms.saturating_sub(e.at_ms));
             // Learned now, on this replica's clock (peers' clocks differ).
-            let learned = LogEntry {
+            let mut learned = LogEntry {
                 at_ms: now_ms,
                 from_peer: true,
                 ..e
             };
-            if state.store.append_log(learned).is_some() {
+            if state.store.append_log(&mut learned, None).is_some() {
                 state.stats.inc(Counter::PeerLearned);
             }
         }

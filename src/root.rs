@@ -491,6 +491,7 @@ impl RootContext for KvRouteRoot {
             self.scrape(&state, now);
             self.list_models(&state, now);
             self.sync_peers(&state, now);
+            state.publish_inflight_gauges(now);
             // Once a scrape period (every tick for a pool within budget).
             let period = schedule::period_ms(&state.config().metrics, state.router.pool().len());
             if now.saturating_sub(self.last_ages_ms) + interval / 2 >= period {

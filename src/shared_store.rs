@@ -67,6 +67,26 @@ pub struct LogRead {
     pub entries: Vec<LogEntry>,
     /// Entries overwritten before they could be read.
     pub lost: u64,
+    /// The log head as read (value and CAS token): an append right after
+    /// the read tries it first and saves reading the head again.
+    pub head: Option<Snapshot<u64>>,
+}
+
+/// A shared value as read, with the CAS token that proves it unchanged.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Snapshot<T> {
+    /// The decoded value.
+    pub value: T,
+    /// The host's CAS token (`None`: the key did not exist).
+    pub cas: Option<u32>,
+}
+
+/// The log head's value (0 when unreadable).
+fn decode_head(v: &[u8]) -> u64 {
+    v.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0)
 }
 
 fn get(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
@@ -166,6 +186,36 @@ impl SharedStore {
     /// In-flight accounting of all workers.
     pub fn inflight(&self) -> InFlightTable {
         read_value(&self.inflight, InFlightTable::decode)
+    }
+
+    /// In-flight accounting with its CAS token, for [`Self::update_inflight_from`].
+    pub fn inflight_snapshot(&self) -> Snapshot<InFlightTable> {
+        let (bytes, cas) = get(&self.inflight);
+        Snapshot {
+            value: bytes
+                .and_then(|v| InFlightTable::decode(&v))
+                .unwrap_or_default(),
+            cas,
+        }
+    }
+
+    /// Applies `f` to a table read by [`Self::inflight_snapshot`] and writes
+    /// it if nobody changed it since (one host call instead of a read and a
+    /// write); otherwise falls back to [`Self::update_inflight`]. Returns the
+    /// table written.
+    pub fn update_inflight_from(
+        &self,
+        snapshot: Snapshot<InFlightTable>,
+        mut f: impl FnMut(&mut InFlightTable),
+    ) -> InFlightTable {
+        if snapshot.cas.is_some() {
+            let mut table = snapshot.value;
+            f(&mut table);
+            if set_shared_data(&self.inflight, Some(&table.encode()), snapshot.cas).is_ok() {
+                return table;
+            }
+        }
+        self.update_inflight(f)
     }
 
     /// Updates the in-flight accounting; returns the table written.
@@ -278,29 +328,32 @@ impl SharedStore {
     }
 
     fn head(&self) -> u64 {
-        get(&self.log_head)
-            .0
-            .and_then(|v| {
-                v.get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_le_bytes)
-            })
-            .unwrap_or(0)
+        self.head_snapshot().value
     }
 
-    /// Appends a decision; returns its sequence number.
-    pub fn append_log(&self, mut entry: LogEntry) -> Option<u64> {
+    fn head_snapshot(&self) -> Snapshot<u64> {
+        let (bytes, cas) = get(&self.log_head);
+        Snapshot {
+            value: bytes.as_deref().map(decode_head).unwrap_or(0),
+            cas,
+        }
+    }
+
+    /// Appends a decision; returns its sequence number. `head`, the log
+    /// head as [`Self::read_log`] just read it, is tried first: when no
+    /// other VM appended since, the slot is reserved without reading the
+    /// head again.
+    pub fn append_log(&self, entry: &mut LogEntry, head: Option<Snapshot<u64>>) -> Option<u64> {
         let mut seq = 0;
-        let reserved = self.update(&self.log_head, |cur| {
-            seq = cur
-                .and_then(|v| {
-                    v.get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .map(u64::from_le_bytes)
-                })
-                .unwrap_or(0);
-            Some((seq + 1).to_le_bytes().to_vec())
+        let fast = head.filter(|h| h.cas.is_some()).is_some_and(|h| {
+            seq = h.value;
+            set_shared_data(&self.log_head, Some(&(seq + 1).to_le_bytes()), h.cas).is_ok()
         });
+        let reserved = fast
+            || self.update(&self.log_head, |cur| {
+                seq = cur.map(decode_head).unwrap_or(0);
+                Some((seq + 1).to_le_bytes().to_vec())
+            });
         if !reserved {
             return None;
         }
@@ -320,8 +373,12 @@ impl SharedStore {
     /// Entries appended since `cursor` (by any VM), advancing it. An entry
     /// reserved but not yet written stops the read; it is retried next time.
     pub fn read_log(&self, cursor: &mut LogCursor) -> LogRead {
-        let head = self.head();
-        let mut read = LogRead::default();
+        let snapshot = self.head_snapshot();
+        let head = snapshot.value;
+        let mut read = LogRead {
+            head: Some(snapshot),
+            ..LogRead::default()
+        };
         if head <= cursor.next {
             return read;
         }

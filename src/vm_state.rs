@@ -6,11 +6,10 @@
 //! what any worker routed before it; scrape states are refreshed on every
 //! tick; in-flight counts are read and updated (CAS) on every request.
 
-use crate::shared_store::{LogCursor, SharedStore};
+use crate::shared_store::{LogCursor, SharedStore, Snapshot};
 use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
 use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
-use kvroute_core::inflight::InFlightTable;
 use kvroute_core::models::Scope;
 use kvroute_core::objectives::Objective;
 use kvroute_core::outlier::{Outcome, OutlierTable};
@@ -20,9 +19,10 @@ use kvroute_core::request::InferenceRequest;
 use kvroute_core::router::Router;
 use kvroute_core::scheduler::Decision;
 use kvroute_core::shared::decision_log::LogEntry;
+use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use log::warn;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// Endpoints listed after the choice for Envoy's retries (override_host).
 const FALLBACKS: usize = 2;
@@ -75,6 +75,16 @@ pub struct VmState {
     stalled: Vec<Endpoint>,
     /// What the other gateway replicas have in flight (as of the last tick).
     peer_load: PeerLoad,
+    /// This VM has routed a request: only then does its tick replay the
+    /// decision log (Envoy's main-thread VM never routes one, and replaying
+    /// every worker's decisions there was pure cost).
+    routes: bool,
+    /// Index records put off until a decision needs them.
+    deferred: Deferred,
+    /// In-flight gauges as last written (see `publish_inflight_gauges`).
+    inflight_gauges: HashMap<Endpoint, u64>,
+    /// When this VM last wrote them.
+    gauges_at_ms: u64,
 }
 
 impl VmState {
@@ -100,6 +110,10 @@ impl VmState {
             own_seqs: HashSet::new(),
             stalled: Vec::new(),
             peer_load: PeerLoad::default(),
+            routes: false,
+            inflight_gauges: HashMap::new(),
+            gauges_at_ms: 0,
+            deferred: Deferred::default(),
         }
     }
 
@@ -108,21 +122,53 @@ impl VmState {
         self.router.config()
     }
 
-    /// Replays other workers' decisions into the local router.
-    pub fn replay_log(&mut self) {
+    /// Replays other workers' decisions into the local router; returns
+    /// the log head as read (an append right after uses it).
+    pub fn replay_log(&mut self) -> Option<Snapshot<u64>> {
         let read = self.store.read_log(&mut self.cursor);
         for _ in 0..read.lost {
             self.stats.inc(Counter::LogLost);
         }
         for entry in read.entries {
             if !self.own_seqs.remove(&entry.seq) {
-                self.router
-                    .learn(entry.endpoint, &entry.blocks, entry.at_ms);
+                self.learn(entry.endpoint, entry.blocks, entry.at_ms);
             }
         }
         // Own entries the ring lost are never seen again: keep the set bounded.
         let next = self.cursor.next;
         self.own_seqs.retain(|s| *s >= next);
+        read.head
+    }
+
+    /// Teaches the router a decision: when it was made at once (the cold
+    /// rotation reads it), its prefix-index record now or, when it can
+    /// wait, before the first decision that could match it
+    /// (`kvroute_core::shared::deferred`).
+    fn learn(&mut self, endpoint: Endpoint, hashes: Vec<u64>, at_ms: u64) {
+        if !Deferred::can_wait(&hashes) {
+            self.router.learn(endpoint, &hashes, at_ms);
+            return;
+        }
+        self.router.learn(endpoint, &[] as &[u64], at_ms);
+        self.deferred.push(Pending {
+            endpoint,
+            hashes,
+            at_ms,
+        });
+        if self.deferred.full() {
+            self.apply_deferred(None);
+        }
+    }
+
+    /// Records the put-off decisions a prompt starting with `first` could
+    /// match (all of them for `None`).
+    fn apply_deferred(&mut self, first: Option<u64>) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        for p in self.deferred.take(first) {
+            self.router.learn(p.endpoint, &p.hashes, p.at_ms);
+        }
     }
 
     /// Tick at `now_ms`: refresh the pool (discovery), scrape states and the
@@ -136,7 +182,14 @@ impl VmState {
         self.states = self.store.endpoint_states();
         self.outliers = self.store.outliers();
         self.router.observe(&self.states);
-        self.replay_log();
+        if self.routes {
+            self.replay_log();
+            self.apply_deferred(None);
+        } else {
+            // Nothing to learn for: keep only the cursor within the ring, so
+            // a first request replays at most one ring, as on start-up.
+            self.cursor.next = self.cursor.next.max(self.store.cursor().next);
+        }
         if let Some(stale_after) = self.config().peers.as_ref().map(|p| p.stale_after_ms) {
             let table = self.store.peer_table();
             self.peer_load = table.load(now_ms, stale_after);
@@ -170,13 +223,22 @@ impl VmState {
         scope: Scope,
         now_ms: u64,
     ) -> Option<Routed> {
-        self.replay_log();
+        self.routes = true;
+        let head = self.replay_log();
         let (prompt, prompt_tokens) = match request {
             Some(r) => (r.prompt(), r.prompt_tokens(&self.config().prefix)),
             None => (Prompt::default(), 0),
         };
         let blocks = prompt.blocks;
-        let inflight = self.store.inflight();
+        // Only decisions on prompts with the same first block can match.
+        // (A prompt without one matches only leaves, never put off.)
+        if let Some(&first) = blocks.first() {
+            self.apply_deferred(Some(first));
+        }
+        // Read with its CAS token: the update after the decision is then
+        // one write when no other worker changed the table meanwhile.
+        let snapshot = self.store.inflight_snapshot();
+        let inflight = &snapshot.value;
         let peer_load = &self.peer_load;
         let decision = self.router.decide_in(
             scope,
@@ -200,26 +262,31 @@ impl VmState {
         if request.is_some() {
             self.router.routed(tokens);
         }
-        self.router.learn(endpoint, prompt, now_ms);
         // Other workers only need decisions that teach the prefix index
         // (in-flight counts, which spread everything else, are shared anyway).
         let learned = request.map(InferenceRequest::learned).unwrap_or_default();
-        if !learned.is_empty() {
-            let entry = LogEntry {
+        if learned.is_empty() {
+            self.router.learn(endpoint, prompt, now_ms);
+        } else {
+            let mut entry = LogEntry {
                 from_peer: false,
                 seq: 0,
                 endpoint,
                 at_ms: now_ms,
                 blocks: learned,
             };
-            if let Some(seq) = self.store.append_log(entry) {
+            if let Some(seq) = self.store.append_log(&mut entry, head) {
                 self.own_seqs.insert(seq);
             }
+            // The same record every other worker makes of this decision.
+            if Deferred::can_wait(&entry.blocks) {
+                self.learn(endpoint, entry.blocks, now_ms);
+            } else {
+                self.router.learn(endpoint, prompt, now_ms);
+            }
         }
-        let table = self
-            .store
-            .update_inflight(|t| t.add(endpoint, tokens, now_ms));
-        self.publish_inflight(&table, endpoint);
+        self.store
+            .update_inflight_from(snapshot, |t| t.add(endpoint, tokens, now_ms));
         self.stats.inc(Counter::Routed);
         self.stats.decision(decision.reason);
         self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
@@ -263,6 +330,25 @@ impl VmState {
         let (endpoint, tokens) = (routed.decision.endpoint, routed.tokens);
         self.store
             .update_inflight(|t| t.first_chunk(endpoint, tokens, now_ms));
+        self.learn_first_byte(routed, stream, now_ms);
+    }
+
+    /// A response whose first chunk was also its last (a non-streaming
+    /// answer, or an error body) has ended: the first chunk's and the
+    /// end's in-flight updates in one write instead of two (`on_log`
+    /// follows the last chunk at once, so nothing is left waiting longer).
+    pub fn answered_and_finished(&mut self, routed: &Routed, stream: bool, answered_ms: u64) {
+        let (endpoint, tokens) = (routed.decision.endpoint, routed.tokens);
+        self.store.update_inflight(|t| {
+            t.first_chunk(endpoint, tokens, answered_ms);
+            t.finish(endpoint, None);
+        });
+        self.learn_first_byte(routed, stream, answered_ms);
+    }
+
+    /// A stream's first chunk teaches the TTFT model (see `first_chunk`).
+    fn learn_first_byte(&mut self, routed: &Routed, stream: bool, now_ms: u64) {
+        let endpoint = routed.decision.endpoint;
         if let Some(p) = routed.decision.prediction().filter(|_| stream) {
             let work = (p.ahead_tokens + p.uncached_tokens) as u64;
             self.router.first_byte(
@@ -303,12 +389,18 @@ impl VmState {
     /// e.g. 503 when it could not connect): feeds passive health. Only a
     /// 5xx, or the first success after one, writes shared data (nothing
     /// does when passive health is off).
-    pub fn observe_response(&mut self, endpoint: Endpoint, status: u16, now_ms: u64) {
+    pub fn observe_response(
+        &mut self,
+        endpoint: Endpoint,
+        status: u16,
+        now_ms: impl FnOnce() -> u64,
+    ) {
         let outcome = Outcome::from_status(status);
         let config = &self.router.config().outlier_detection;
         if !self.outliers.changes(endpoint, outcome, config) {
             return;
         }
+        let now_ms = now_ms();
         let config = config.clone();
         let pool = self.router.pool().to_vec();
         let mut ejected_until = None;
@@ -331,15 +423,32 @@ impl VmState {
     /// The request is over (completed, failed or reset); `unanswered` holds
     /// its uncached prompt tokens when the endpoint never sent it a chunk.
     pub fn finish(&mut self, endpoint: Endpoint, unanswered: Option<u64>) {
-        let table = self
-            .store
+        self.store
             .update_inflight(|t| t.finish(endpoint, unanswered));
-        self.publish_inflight(&table, endpoint);
     }
 
-    fn publish_inflight(&mut self, table: &InFlightTable, endpoint: Endpoint) {
-        let n = table.get(&endpoint).requests;
-        self.stats
-            .endpoint_gauge(endpoint, EndpointGauge::InflightRequests, n as u64);
+    /// Writes the per-endpoint in-flight gauges from the shared table (all
+    /// workers), once a tick by the lease holder and only those that
+    /// changed: not two stat writes on every request.
+    pub fn publish_inflight_gauges(&mut self, now_ms: u64) {
+        // Another VM may have written them while this one did not hold the
+        // lease: forget what was written then.
+        let tick = self.config().metrics.scrape_interval_ms;
+        if now_ms.saturating_sub(self.gauges_at_ms) > 2 * tick {
+            self.inflight_gauges.clear();
+        }
+        self.gauges_at_ms = now_ms;
+        let table = self.store.inflight();
+        let pool = self.router.pool().to_vec();
+        for e in pool {
+            let n = u64::from(table.get(&e).requests);
+            if self.inflight_gauges.get(&e) != Some(&n) {
+                self.inflight_gauges.insert(e, n);
+                self.stats
+                    .endpoint_gauge(e, EndpointGauge::InflightRequests, n);
+            }
+        }
+        let pool = self.router.pool();
+        self.inflight_gauges.retain(|e, _| pool.contains(e));
     }
 }

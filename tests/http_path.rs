@@ -258,6 +258,48 @@ fn client_cannot_steer_to_a_host_outside_the_pool() {
     assert!(envoy.stat("wasmcustom.kvroute.steering_header_removed") >= 18.0);
 }
 
+/// A header value that is not UTF-8 (obs-text, which Envoy passes on) in
+/// the destination header, or in any header, neither steers nor kills the
+/// VM: kvroute reads headers as bytes (the SDK's string reads panicked on
+/// such a value, and the VM failed closed for every later request).
+#[test]
+fn a_non_utf8_header_value_neither_steers_nor_kills_the_vm() {
+    let sim = Sim::start(2, &["--time-scale", "0.01"]);
+    let (evil, hits) = trap();
+    let envoy = Envoy::start(&sim.endpoints(), json!({}), 1);
+    let body = serde_json::to_string(&chat("sys", "hi")).unwrap();
+    // 0xff and 0xe9 are obs-text: not UTF-8 on their own.
+    let mut steer = b"x-kvroute-destination: ".to_vec();
+    steer.push(0xff);
+    steer.extend(format!("127.0.0.1:{evil}\r\n").as_bytes());
+    let mut other = b"x-other: caf".to_vec();
+    other.extend([0xe9, b'\r', b'\n']);
+    for header in [steer, other] {
+        for _ in 0..3 {
+            let mut req = b"POST /v1/chat/completions HTTP/1.1\r\nhost: kvroute\r\n".to_vec();
+            req.extend(&header);
+            req.extend(
+                format!(
+                    "content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+            let resp = raw_http(envoy.port, &req);
+            assert!(
+                resp.to_ascii_lowercase().contains("x-kvroute-sim-pod:"),
+                "not answered by a pool pod:\n{resp}"
+            );
+        }
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "Envoy connected to the client-chosen host"
+    );
+    assert!(!envoy.log().contains("panicked"), "{}", envoy.log());
+}
+
 #[test]
 fn two_workers_route_and_stick() {
     let sim = Sim::start(2, &["--time-scale", "0.01"]);

@@ -20,8 +20,13 @@ struct Conversation {
 
 impl Conversation {
     fn new(id: usize) -> Conversation {
+        Conversation::with_system(id, 3_000)
+    }
+
+    /// A conversation whose system prompt has `len` bytes or a few more.
+    fn with_system(id: usize, len: usize) -> Conversation {
         let mut system = format!("You are assistant #{id}. ");
-        while system.len() < 3_000 {
+        while system.len() < len {
             system.push_str(&format!(
                 "Conversation {id} has its own long instructions. "
             ));
@@ -66,13 +71,26 @@ fn stickiness(convs: &[Conversation]) -> f64 {
 }
 
 fn conversations_stick(concurrency: usize) {
+    conversations_of_stick(concurrency, 3_000, false);
+}
+
+/// 20 conversations of 4 turns on `concurrency` workers, taking turns (or,
+/// `back_to_back`, each conversation's turns at once: the next turn comes
+/// well within one 50 ms tick of the last).
+fn conversations_of_stick(concurrency: usize, system_bytes: usize, back_to_back: bool) {
     let sim = Sim::start(4, &["--time-scale", "0.01"]);
     let envoy = Envoy::start(&sim.endpoints(), json!({}), concurrency);
-    let mut convs: Vec<Conversation> = (0..20).map(Conversation::new).collect();
-    for turn in 0..4 {
-        for c in convs.iter_mut() {
-            c.turn(&envoy, &format!("question {turn}: tell me more"));
-        }
+    let mut convs: Vec<Conversation> = (0..20)
+        .map(|id| Conversation::with_system(id, system_bytes))
+        .collect();
+    let mut order: Vec<(usize, usize)> = (0..4)
+        .flat_map(|turn| (0..convs.len()).map(move |c| (turn, c)))
+        .collect();
+    if back_to_back {
+        order.sort_by_key(|&(turn, c)| (c, turn));
+    }
+    for (turn, c) in order {
+        convs[c].turn(&envoy, &format!("question {turn}: tell me more"));
     }
     let s = stickiness(&convs);
     assert!(
@@ -102,6 +120,15 @@ fn a_multi_turn_conversations_stick_to_their_pod() {
 #[test]
 fn c_four_workers_share_one_view() {
     conversations_stick(4);
+}
+
+/// Long prompts (100 blocks: their index records are put off until a
+/// decision on the same first block, `core/src/shared/deferred.rs`) stick
+/// across four workers as well: the next turn, sent at once on whichever
+/// worker, sees the record before it decides, not a tick later.
+#[test]
+fn c_four_workers_share_one_view_of_long_prompts() {
+    conversations_of_stick(4, 25_000, true);
 }
 
 #[test]

@@ -73,6 +73,10 @@ pub struct OverheadArgs {
     /// Seconds per router and size in the throughput phase.
     #[arg(long, default_value_t = 10)]
     pub load_secs: u64,
+    /// The throughput phase's seconds are split into this many windows per
+    /// router, run in turn (round robin, kvroute, kvroute, ...).
+    #[arg(long, default_value_t = 5)]
+    pub load_rounds: u32,
     /// Requests with unique prefixes per memory pass (0 skips the phase).
     #[arg(long, default_value_t = 100_000)]
     pub rss_requests: u64,
@@ -102,6 +106,12 @@ pub struct OverheadArgs {
     /// Where the JSON goes (default: `<root>/bench/results`).
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+    /// Other builds of `kvroute.wasm` (e.g. an older commit's), each run as
+    /// one more Envoy (named after the file stem, prefixed `kvroute-` unless
+    /// it starts so; give the builds distinct names) in the latency and throughput
+    /// phases: before and after measured side by side in the same run.
+    #[arg(long, value_delimiter = ',')]
+    pub before_wasm: Vec<PathBuf>,
 }
 
 /// A part of the overhead benchmark (see the module comment).
@@ -126,6 +136,14 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
     validate(args)?;
     let root = args.root.canonicalize().context("--root")?;
     let tools = Tools::in_tree(&root, "overhead")?;
+    if args.before_wasm.len() > 4 {
+        bail!("--before-wasm: at most 4 builds");
+    }
+    for w in &args.before_wasm {
+        if !w.is_file() {
+            bail!("--before-wasm {}: not a file", w.display());
+        }
+    }
     let ports = Ports(args.base_port);
     for port in ports.all() {
         procs::ensure_free(port)?;
@@ -154,8 +172,10 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
             "warmup_rounds": args.warmup_rounds,
             "load_concurrency": args.load_concurrency,
             "load_secs": args.load_secs,
+            "load_rounds": args.load_rounds,
             "rss_requests": args.rss_requests,
             "rss_body_bytes": args.rss_body_bytes,
+            "before_wasm": args.before_wasm.iter().map(|w| w.display().to_string()).collect::<Vec<_>>(),
         },
         "latency": results.latency,
         "throughput": results.throughput,
@@ -209,12 +229,22 @@ impl Ports {
     }
     fn all(self) -> Vec<u16> {
         let mut v = vec![self.pod(0), self.pod(1)];
-        for i in 0..9 {
+        for i in 0..14 {
             let (l, a) = self.envoy(i);
             v.extend([l, a]);
         }
         v
     }
+}
+
+/// One router's throughput windows, summed.
+#[derive(Default)]
+struct Acc {
+    ok: u64,
+    secs: f64,
+    /// CPU seconds of Envoy, the simulator and this client.
+    cpu: [f64; 3],
+    latency: Option<Histogram<u64>>,
 }
 
 struct Results {
@@ -276,8 +306,33 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
     let kv_spec = spec("kvroute", "kvroute", None, ports.envoy(1), args.workers);
     let rr = procs::start_envoy(tools, &rr_spec, &endpoints)?;
     let kv = procs::start_envoy(tools, &kv_spec, &endpoints)?;
-    let urls = [url(rr_spec.listen), url(kv_spec.listen)];
-
+    let mut urls = vec![url(rr_spec.listen), url(kv_spec.listen)];
+    // Older builds, when given: more Envoys in the same alternation.
+    let mut others = Vec::new();
+    for (i, wasm) in args.before_wasm.iter().enumerate() {
+        let stem = wasm
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = if stem.starts_with("kvroute") {
+            stem
+        } else {
+            format!("kvroute-{stem}")
+        };
+        let s = spec(
+            &name,
+            "kvroute",
+            None,
+            ports.envoy(9 + i as u16),
+            args.workers,
+        );
+        let before_tools = Tools {
+            wasm: wasm.clone(),
+            ..tools.clone()
+        };
+        urls.push(url(s.listen));
+        others.push((name, procs::start_envoy(&before_tools, &s, &endpoints)?));
+    }
     let mut latency = Vec::new();
     let sizes = if args.phases.contains(&Phase::Latency) {
         &args.sizes[..]
@@ -298,7 +353,12 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
             args.latency_rounds,
         )
         .await?;
-        latency.push(latency_row(size, &h[0], &h[1]));
+        let named: Vec<(&str, &Histogram<u64>)> = others
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .zip(&h[2..])
+            .collect();
+        latency.push(latency_row(size, &h[0], &h[1], &named));
     }
 
     let ticks = procs::clock_ticks();
@@ -308,58 +368,85 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
     } else {
         &[]
     };
+    let mut routers = vec![("round_robin", &rr, &urls[0]), ("kvroute", &kv, &urls[1])];
+    for ((name, envoy), url) in others.iter().zip(&urls[2..]) {
+        routers.push((name.as_str(), envoy, url));
+    }
     for &size in load_sizes {
-        for (name, envoy, url) in [("round_robin", &rr, &urls[0]), ("kvroute", &kv, &urls[1])] {
-            eprintln!(
-                "overhead: throughput, {name}, {size} byte bodies, {} connections, {} s",
-                args.load_concurrency, args.load_secs
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let pids = [envoy.pid(), sim.pid(), std::process::id()];
-            let before: Vec<f64> = pids
-                .iter()
-                .map(|&p| procs::cpu_seconds(p, ticks))
-                .collect::<Result<_>>()?;
-            let r = load::closed_loop(
-                &client,
-                url,
-                bodies.clone(),
-                size,
-                args.load_concurrency,
-                Stop::After(Duration::from_secs(args.load_secs)),
-            )
-            .await?;
-            let after: Vec<f64> = pids
-                .iter()
-                .map(|&p| procs::cpu_seconds(p, ticks))
-                .collect::<Result<_>>()?;
-            if r.errors > 0 {
-                bail!(
-                    "{name}: {} errors, first: {}",
-                    r.errors,
-                    r.first_error.unwrap_or_default()
+        // Interleaved rounds: every router runs a short window in turn, so
+        // drift on the shared box (other jobs) hits them all alike.
+        let rounds = args.load_rounds.max(1);
+        let window = Duration::from_secs_f64(args.load_secs as f64 / rounds as f64);
+        let mut acc: Vec<Acc> = routers.iter().map(|_| Acc::default()).collect();
+        for round in 0..rounds {
+            for (i, &(name, envoy, url)) in routers.iter().enumerate() {
+                eprintln!(
+                    "overhead: throughput, {name}, {size} byte bodies, {} connections, round {}/{rounds}, {:.1} s",
+                    args.load_concurrency,
+                    round + 1,
+                    window.as_secs_f64()
                 );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let pids = [envoy.pid(), sim.pid(), std::process::id()];
+                let before: Vec<f64> = pids
+                    .iter()
+                    .map(|&p| procs::cpu_seconds(p, ticks))
+                    .collect::<Result<_>>()?;
+                let r = load::closed_loop(
+                    &client,
+                    url,
+                    bodies.clone(),
+                    size,
+                    args.load_concurrency,
+                    Stop::After(window),
+                )
+                .await?;
+                let after: Vec<f64> = pids
+                    .iter()
+                    .map(|&p| procs::cpu_seconds(p, ticks))
+                    .collect::<Result<_>>()?;
+                if r.errors > 0 {
+                    bail!(
+                        "{name}: {} errors, first: {}",
+                        r.errors,
+                        r.first_error.unwrap_or_default()
+                    );
+                }
+                let a = &mut acc[i];
+                a.ok += r.ok;
+                a.secs += r.elapsed.as_secs_f64();
+                for k in 0..3 {
+                    a.cpu[k] += after[k] - before[k];
+                }
+                a.latency
+                    .get_or_insert_with(load::histogram)
+                    .add(&r.latency)?;
             }
-            let per_req_us = |i: usize| (after[i] - before[i]) * 1e6 / r.ok.max(1) as f64;
-            let secs = r.elapsed.as_secs_f64();
+        }
+        for (&(name, _, _), a) in routers.iter().zip(&acc) {
+            let per_req_us = |k: usize| a.cpu[k] * 1e6 / a.ok.max(1) as f64;
+            let latency = a.latency.clone().unwrap_or_else(load::histogram);
             throughput.push(json!({
                 "router": name,
                 "body_bytes": size,
                 "concurrency": args.load_concurrency,
-                "requests": r.ok,
-                "seconds": round(secs, 3),
-                "requests_per_s": round(r.ok as f64 / secs, 1),
-                "latency_p50_us": us(&r.latency, 50.0),
-                "latency_p99_us": us(&r.latency, 99.0),
+                "rounds": rounds,
+                "requests": a.ok,
+                "seconds": round(a.secs, 3),
+                "requests_per_s": round(a.ok as f64 / a.secs, 1),
+                "latency_p50_us": us(&latency, 50.0),
+                "latency_p99_us": us(&latency, 99.0),
                 "envoy_cpu_us_per_request": round(per_req_us(0), 1),
                 "sim_cpu_us_per_request": round(per_req_us(1), 1),
                 "client_cpu_us_per_request": round(per_req_us(2), 1),
-                "envoy_cores_busy": round((after[0] - before[0]) / secs, 2),
+                "envoy_cores_busy": round(a.cpu[0] / a.secs, 2),
             }));
         }
     }
     let mut counters = serde_json::Map::new();
     counters.insert("side_by_side".into(), counters_json(kv_spec.admin)?);
+    drop(routers);
+    drop(others);
     drop(kv);
     drop(rr);
 
@@ -415,7 +502,7 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
         breakdown(args, tools, ports, &endpoints, &client, &bodies).await?
     };
     drop(sim);
-    let goals = goals(&latency, &memory);
+    let goals = goals(&latency, &throughput, &memory);
     Ok(Results {
         latency: Value::Array(latency),
         throughput: Value::Array(throughput),
@@ -623,19 +710,57 @@ fn counters_json(admin: u16) -> Result<Value> {
     ))
 }
 
-fn latency_row(size: usize, base: &Histogram<u64>, kv: &Histogram<u64>) -> Value {
-    let added = |q: f64| round(us(kv, q) - us(base, q), 1);
-    json!({
+fn latency_row(
+    size: usize,
+    base: &Histogram<u64>,
+    kv: &Histogram<u64>,
+    others: &[(&str, &Histogram<u64>)],
+) -> Value {
+    let pcts = |h: &Histogram<u64>| json!({"p50": us(h, 50.0), "p90": us(h, 90.0), "p99": us(h, 99.0), "mean": round(h.mean() / 1e3, 1)});
+    let added = |h: &Histogram<u64>| {
+        let d = |q: f64| round(us(h, q) - us(base, q), 1);
+        json!({"p50": d(50.0), "p90": d(90.0), "p99": d(99.0), "mean": round((h.mean() - base.mean()) / 1e3, 1)})
+    };
+    let mut row = json!({
         "body_bytes": size,
         "samples": kv.len(),
-        "round_robin_us": {"p50": us(base, 50.0), "p90": us(base, 90.0), "p99": us(base, 99.0), "mean": round(base.mean() / 1e3, 1)},
-        "kvroute_us": {"p50": us(kv, 50.0), "p90": us(kv, 90.0), "p99": us(kv, 99.0), "mean": round(kv.mean() / 1e3, 1)},
-        "added_us": {"p50": added(50.0), "p90": added(90.0), "p99": added(99.0), "mean": round((kv.mean() - base.mean()) / 1e3, 1)},
-    })
+        "round_robin_us": pcts(base),
+        "kvroute_us": pcts(kv),
+        "added_us": added(kv),
+    });
+    if !others.is_empty() {
+        row["others_us"] = others
+            .iter()
+            .map(|(n, h)| ((*n).to_owned(), pcts(h)))
+            .collect();
+        row["others_added_us"] = others
+            .iter()
+            .map(|(n, h)| ((*n).to_owned(), added(h)))
+            .collect();
+    }
+    row
 }
 
+/// Issue 14's limits on kvroute's in-proxy cost (against round robin).
+const GOAL_ADDED_P50_16K_US: f64 = 50.0;
+const GOAL_ADDED_P50_512K_US: f64 = 400.0;
+const GOAL_ADDED_CPU_1K_US: f64 = 25.0;
+
 /// The issue's goals, judged on this run's numbers.
-fn goals(latency: &[Value], memory: &[Value]) -> Value {
+fn goals(latency: &[Value], throughput: &[Value], memory: &[Value]) -> Value {
+    let cpu = |router: &str| {
+        throughput
+            .iter()
+            .find(|r| r["router"] == router && r["body_bytes"].as_u64() == Some(1024))
+            .and_then(|r| r["envoy_cpu_us_per_request"].as_f64())
+    };
+    let added_cpu = match (cpu("round_robin"), cpu("kvroute")) {
+        (Some(rr), Some(kv)) => {
+            let v = round(kv - rr, 1);
+            json!({"added_envoy_cpu_us_per_request": v, "limit_us": GOAL_ADDED_CPU_1K_US, "met": v <= GOAL_ADDED_CPU_1K_US})
+        }
+        _ => Value::Null,
+    };
     let added_p50 = |size: u64| {
         latency
             .iter()
@@ -664,15 +789,20 @@ fn goals(latency: &[Value], memory: &[Value]) -> Value {
         })
         .collect();
     json!({
-        "added_latency_16KiB_p50": judge(added_p50(16 << 10), 100.0),
-        "added_latency_512KiB_p50": judge(added_p50(512 << 10), 1000.0),
+        "added_latency_16KiB_p50": judge(added_p50(16 << 10), GOAL_ADDED_P50_16K_US),
+        "added_latency_512KiB_p50": judge(added_p50(512 << 10), GOAL_ADDED_P50_512K_US),
+        "added_envoy_cpu_1KiB": added_cpu,
         "rss_flat": rss,
     })
 }
 
 fn print_tables(report: &Value) {
     let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+    let others: Vec<String> = report["latency"][0]["others_us"]
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut header: Vec<String> = [
         "body",
         "rr p50 us",
         "kv p50 us",
@@ -680,9 +810,15 @@ fn print_tables(report: &Value) {
         "rr p99 us",
         "kv p99 us",
         "added p99",
-    ]);
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for n in &others {
+        header.extend([format!("{n} p50"), format!("{n} added p50")]);
+    }
+    t.load_preset(UTF8_FULL_CONDENSED).set_header(header);
     for r in report["latency"].as_array().into_iter().flatten() {
-        t.add_row(vec![
+        let mut row = vec![
             size_label(r["body_bytes"].as_u64().unwrap_or(0)),
             r["round_robin_us"]["p50"].to_string(),
             r["kvroute_us"]["p50"].to_string(),
@@ -690,7 +826,14 @@ fn print_tables(report: &Value) {
             r["round_robin_us"]["p99"].to_string(),
             r["kvroute_us"]["p99"].to_string(),
             r["added_us"]["p99"].to_string(),
-        ]);
+        ];
+        for n in &others {
+            row.extend([
+                r["others_us"][n]["p50"].to_string(),
+                r["others_added_us"][n]["p50"].to_string(),
+            ]);
+        }
+        t.add_row(row);
     }
     println!("Added latency (sequential, client-observed, non-streaming, max_tokens 1)\n{t}");
 
@@ -886,11 +1029,24 @@ mod tests {
             base.record(200_000).unwrap();
             kv.record(250_000).unwrap();
         }
-        let row = latency_row(16 << 10, &base, &kv);
+        let row = latency_row(16 << 10, &base, &kv, &[("kvroute-old", &kv)]);
         let added = row["added_us"]["p50"].as_f64().unwrap();
         assert!((added - 50.0).abs() < 0.5, "{added}"); // hdrhistogram rounds to 3 digits
-        let g = goals(&[row], &[]);
-        assert_eq!(g["added_latency_16KiB_p50"]["met"], json!(true));
+        assert_eq!(
+            row["others_added_us"]["kvroute-old"]["p50"],
+            row["added_us"]["p50"]
+        );
+        let cpu = |router: &str, us: f64| json!({"router": router, "body_bytes": 1024, "envoy_cpu_us_per_request": us});
+        let g = goals(
+            &[row],
+            &[cpu("round_robin", 35.0), cpu("kvroute", 61.0)],
+            &[],
+        );
+        assert_eq!(
+            g["added_latency_16KiB_p50"]["met"],
+            json!(added <= GOAL_ADDED_P50_16K_US)
+        );
         assert!(g["added_latency_512KiB_p50"].is_null());
+        assert_eq!(g["added_envoy_cpu_1KiB"]["met"], json!(false), "26 us > 25");
     }
 }

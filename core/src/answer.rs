@@ -31,6 +31,26 @@ pub enum Verdict {
     Unknown,
 }
 
+/// Whether `response.code_details` can change anything for a response of
+/// HTTP `status` whose last try went to `upstream_address` (each property
+/// read costs the host several microseconds, so the common case reads only
+/// the address). Envoy's own replies for a reset before the response and
+/// for a per-try timeout are 503 and 504; below 500 only a response another
+/// endpoint sent (a retry answered by a fallback) can be
+/// [`Verdict::NotAnswered`], and then only if it came via the upstream.
+pub fn needs_code_details(
+    status: Option<u16>,
+    upstream_address: Option<&str>,
+    chosen: Endpoint,
+) -> bool {
+    match status {
+        Some(s) if s < 500 => upstream_address
+            .and_then(|a| a.parse::<Endpoint>().ok())
+            .is_some_and(|e| e != chosen),
+        _ => true,
+    }
+}
+
 /// Classifies a response of a request routed to `chosen`.
 pub fn verdict(code_details: &str, upstream_address: Option<&str>, chosen: Endpoint) -> Verdict {
     if code_details == "via_upstream" {
@@ -54,6 +74,48 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn code_details_are_skipped_only_where_they_cannot_say_not_answered() {
+        let chosen: Endpoint = "127.0.0.1:8001".parse().unwrap();
+        // (status, upstream, code_details Envoy gives such a response)
+        let cases = [
+            (200, Some("127.0.0.1:8001"), "via_upstream", false),
+            (200, None, "via_upstream", false),
+            (404, Some("127.0.0.1:8001"), "via_upstream", false),
+            (200, Some("garbage"), "via_upstream", false),
+            (200, Some("127.0.0.1:8002"), "via_upstream", true),
+            (
+                503,
+                Some("127.0.0.1:8001"),
+                "upstream_reset_before_response_started{connection_termination}",
+                true,
+            ),
+            (
+                503,
+                None,
+                "upstream_reset_before_response_started{remote_connection_failure}",
+                true,
+            ),
+            (
+                504,
+                Some("127.0.0.1:8001"),
+                "upstream_per_try_timeout",
+                true,
+            ),
+            (500, Some("127.0.0.1:8001"), "via_upstream", true),
+            (413, None, "request_payload_too_large", false),
+        ];
+        for (status, upstream, details, needed) in cases {
+            let got = needs_code_details(Some(status), upstream, chosen);
+            assert_eq!(got, needed, "{status} {upstream:?}");
+            if !got {
+                // Skipping them never hides a not-answered verdict.
+                assert_ne!(verdict(details, upstream, chosen), Verdict::NotAnswered);
+            }
+        }
+        assert!(needs_code_details(None, Some("127.0.0.1:8001"), chosen));
+    }
 
     #[test]
     fn verdict_table() {

@@ -3,5 +3,6 @@
 //! shell does the actual get/set (with CAS) around them.
 
 pub mod decision_log;
+pub mod deferred;
 pub mod endpoint_state;
 pub mod lease;
