@@ -640,6 +640,15 @@ async fn memory_pass(
         .get(1)
         .and_then(|s| s["rss_mib"].as_f64())
         .unwrap_or(mib(rss_warm));
+    // RSS after 10 000 and 100 000 requests, when the pass got that far.
+    let at = |n: u64| {
+        samples
+            .iter()
+            .find(|s| s["requests"].as_u64() == Some(n))
+            .map(|s| s["rss_mib"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let (rss_10k, rss_100k) = (at(10_000), at(100_000));
     let blocks_per_request = (args.rss_body_bytes / 256) as u64;
     let index_bound = capacity_blocks.map(|c| {
         // Every VM (one per worker plus the main thread's) holds an index.
@@ -655,6 +664,8 @@ async fn memory_pass(
         "seconds": round(started.elapsed().as_secs_f64(), 1),
         "rss_ready_mib": mib(rss_ready),
         "rss_before_mib": mib(rss_warm),
+        "rss_after_10k_mib": rss_10k,
+        "rss_after_100k_mib": rss_100k,
         "rss_after_mib": mib(rss_after),
         "growth_mib": round(mib(rss_after) - mib(rss_warm), 2),
         "growth_after_first_sample_mib": round(mib(rss_after) - first, 2),
@@ -874,6 +885,8 @@ fn print_tables(report: &Value) {
         "requests",
         "RSS ready MiB",
         "RSS before MiB",
+        "after 10k",
+        "after 100k",
         "RSS after MiB",
         "growth after 1st sample",
     ]);
@@ -885,6 +898,8 @@ fn print_tables(report: &Value) {
             r["requests"].to_string(),
             r["rss_ready_mib"].to_string(),
             r["rss_before_mib"].to_string(),
+            r["rss_after_10k_mib"].to_string(),
+            r["rss_after_100k_mib"].to_string(),
             r["rss_after_mib"].to_string(),
             r["growth_after_first_sample_mib"].to_string(),
         ]);

@@ -3,7 +3,7 @@
 //! Issue 5 asks what kvroute costs per request *before* Envoy and wasm are in
 //! the picture: how fast a body is parsed and hashed (MB/s), how fast a
 //! Prometheus scrape is read, what the prefix index costs per lookup and per
-//! insert, and how a decision scales with the pool (8, 64, 256 endpoints).
+//! insert, and how a decision scales with the pool (8, 64, 256, 1024 endpoints).
 //! The in-proxy numbers (`kvroute-bench overhead`) include V8, copies and
 //! shared data on top of these.
 //!

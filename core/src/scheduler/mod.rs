@@ -229,18 +229,35 @@ impl Scheduler {
         // A request for a LoRA adapter that a live endpoint runs is not cold
         // either: the running adapter is an affinity like a cached prefix,
         // and the cold margin would otherwise rotate it away.
-        let live = || candidates.iter().filter(|c| c.healthy || fallback);
-        let adapter_runs = req.adapter.is_some_and(|a| {
-            live().any(|c| {
+        //
+        // One pass over the live candidates: whether any holds a prefix or
+        // runs the adapter, and the longest match (for the reason below).
+        let mut adapter_runs = false;
+        let mut holds_prefix = false;
+        // The longest match in four independent chains (see below).
+        let mut longest = [0.0; 4];
+        for (i, c) in candidates.iter().enumerate() {
+            if !(c.healthy || fallback) {
+                continue;
+            }
+            adapter_runs |= req.adapter.is_some_and(|a| {
                 c.snapshot
-                    .and_then(|s| s.lora)
+                    .as_ref()
+                    .and_then(|s| s.lora.as_ref())
                     .is_some_and(|l| l.running(a))
-            })
-        });
-        let cold = !adapter_runs
-            && live().all(|c| {
-                (req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0
             });
+            holds_prefix |=
+                !((req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0);
+            // A comparison, not `f64::max`: the same for these (never NaN
+            // in a comparison that wins), without its NaN handling.
+            let matched = c.matched();
+            let lane = &mut longest[i & 3];
+            if matched > *lane {
+                *lane = matched;
+            }
+        }
+        let longest = longest.into_iter().fold(0.0, f64::max);
+        let cold = !adapter_runs && !holds_prefix;
         let w = &self.config.weights;
         let weight_sum = spec
             .scorers
@@ -249,7 +266,17 @@ impl Scheduler {
             .map(|s| s.weight(w))
             .filter(|x| x.is_finite() && *x > 0.0)
             .sum::<f64>();
-        let last: Vec<Option<u64>> = kept.iter().map(|&i| candidates[i].last_picked_ms).collect();
+        // Recency and, with an affinity key, rendezvous rank of each kept
+        // candidate, in one pass.
+        let mut last: Vec<Option<u64>> = Vec::with_capacity(kept.len());
+        let mut rank: Option<Vec<u64>> = req.affinity_key.map(|_| Vec::with_capacity(kept.len()));
+        for &i in &kept {
+            let c = &candidates[i];
+            last.push(c.last_picked_ms);
+            if let (Some(key), Some(rank)) = (req.affinity_key, rank.as_mut()) {
+                rank.push(picker::rendezvous(key, &c.endpoint));
+            }
+        }
         // The cold margin is a share of the total weight, or with predicted
         // TTFT a share of the best prediction.
         let unit = if predicted {
@@ -258,22 +285,12 @@ impl Scheduler {
             weight_sum
         };
         let margin = cold.then_some(self.config.cold_margin * unit);
-        let rank: Option<Vec<u64>> = req.affinity_key.map(|key| {
-            kept.iter()
-                .map(|&i| picker::rendezvous(key, &candidates[i].endpoint))
-                .collect()
-        });
         let k = picker::pick(&total, &last, rank.as_deref(), margin, rng)?;
         let chosen = &candidates[kept[k]];
 
         // Prefix: the chosen endpoint holds the longest prefix any live
         // endpoint holds. Load: a prefix existed, but load sent the request
         // elsewhere (or to a shorter match).
-        let longest = candidates
-            .iter()
-            .filter(|c| c.healthy || fallback)
-            .map(Candidate::matched)
-            .fold(0.0, f64::max);
         let reason = if fallback {
             Reason::Fallback
         } else if cold {
@@ -283,19 +300,19 @@ impl Scheduler {
         } else {
             Reason::Load
         };
+        let mut scores = Vec::with_capacity(kept.len());
+        let mut predictions = Vec::new();
+        for (&i, &s) in kept.iter().zip(&total) {
+            let c = &candidates[i];
+            scores.push((c.endpoint, s));
+            predictions.extend(c.prediction);
+        }
         Some(Decision {
             endpoint: chosen.endpoint,
             reason,
             matched_blocks: chosen.matched_blocks,
-            scores: kept
-                .iter()
-                .zip(&total)
-                .map(|(&i, &s)| (candidates[i].endpoint, s))
-                .collect(),
-            predictions: kept
-                .iter()
-                .filter_map(|&i| candidates[i].prediction)
-                .collect(),
+            scores,
+            predictions,
         })
     }
 }

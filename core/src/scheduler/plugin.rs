@@ -73,17 +73,42 @@ pub const NEUTRAL: f64 = 0.5;
 /// [`NEUTRAL`] and do not take part in min/max. Equal values all score 1.
 pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
     out.clear();
-    let known = xs.iter().flatten().copied().filter(|x| x.is_finite());
-    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-    for x in known {
-        lo = lo.min(x);
-        hi = hi.max(x);
+    out.reserve(xs.len());
+    // Min and max of the finite values in four independent chains: on
+    // finite values a comparison finds the same extremes as `f64::min`/`max`
+    // (up to the sign of a zero, which no score below can tell), without
+    // their NaN handling making one long dependency chain through the pool.
+    let mut lo = [f64::INFINITY; 4];
+    let mut hi = [f64::NEG_INFINITY; 4];
+    let mut extend = |k: usize, x: &Option<f64>| {
+        if let Some(x) = *x {
+            if x.is_finite() {
+                if x < lo[k] {
+                    lo[k] = x;
+                }
+                if x > hi[k] {
+                    hi[k] = x;
+                }
+            }
+        }
+    };
+    let mut chunks = xs.chunks_exact(4);
+    for c in &mut chunks {
+        for (k, x) in c.iter().enumerate() {
+            extend(k, x);
+        }
     }
+    for x in chunks.remainder() {
+        extend(0, x);
+    }
+    let lo = lo.into_iter().fold(f64::INFINITY, f64::min);
+    let hi = hi.into_iter().fold(f64::NEG_INFINITY, f64::max);
     let range = (hi - lo).max(floor);
     for x in xs {
         out.push(match x {
             Some(x) if x.is_finite() => {
-                if range > 0.0 {
+                // `x == lo` scores exactly 1 either way; skips a division.
+                if range > 0.0 && *x != lo {
                     1.0 - (x - lo) / range
                 } else {
                     1.0
@@ -103,7 +128,7 @@ pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
 /// the engine was not queueing they are most likely running, and the
 /// in-flight scorers account for them. `None` without a fresh snapshot.
 pub fn effective_queue(c: &Candidate) -> Option<f64> {
-    let s = c.snapshot?;
+    let s = c.snapshot.as_ref()?;
     let waiting = s.waiting.max(0.0);
     let excess = if waiting > 0.0 {
         (f64::from(c.inflight.requests) - (waiting + s.running.max(0.0))).max(0.0)
@@ -137,6 +162,62 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     type Case = (&'static [Option<f64>], f64, &'static [f64]);
+
+    /// `spread_scores` before it was made cheaper (issue 14): the
+    /// reference the property test holds it to.
+    fn spread_reference(xs: &[Option<f64>], floor: f64) -> Vec<f64> {
+        let known = xs.iter().flatten().copied().filter(|x| x.is_finite());
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for x in known {
+            lo = lo.min(x);
+            hi = hi.max(x);
+        }
+        let range = (hi - lo).max(floor);
+        xs.iter()
+            .map(|x| match x {
+                Some(x) if x.is_finite() => {
+                    if range > 0.0 {
+                        1.0 - (x - lo) / range
+                    } else {
+                        1.0
+                    }
+                }
+                Some(_) => 0.0,
+                None => NEUTRAL,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn spread_matches_the_reference_bit_for_bit_on_random_inputs() {
+        let mut rng = fastrand::Rng::with_seed(14);
+        let specials = [
+            0.0,
+            -0.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e300,
+            -1e300,
+        ];
+        let mut out = Vec::new();
+        for round in 0..5000 {
+            let n = rng.usize(0..40);
+            let xs: Vec<Option<f64>> = (0..n)
+                .map(|_| match rng.u8(0..10) {
+                    0 => None,
+                    1 => Some(specials[rng.usize(..specials.len())]),
+                    2..=5 => Some(f64::from(rng.u8(0..6))),
+                    _ => Some((rng.f64() - 0.3) * 1e4),
+                })
+                .collect();
+            let floor = [0.0, 1.0, 4.0, 4096.0][round % 4];
+            spread_scores(&xs, floor, &mut out);
+            let want = spread_reference(&xs, floor);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out), bits(&want), "{xs:?} floor {floor}");
+        }
+    }
 
     #[test]
     fn spread_table() {

@@ -55,13 +55,16 @@ impl Scorer for LoraAffinityScorer {
             out.resize(kept.len(), NEUTRAL);
             return;
         };
-        out.extend(
-            kept.iter()
-                .map(|&i| match ctx.candidates[i].snapshot.and_then(|s| s.lora) {
-                    Some(l) => l.affinity(adapter),
-                    None => NEUTRAL,
-                }),
-        );
+        out.extend(kept.iter().map(|&i| {
+            match ctx.candidates[i]
+                .snapshot
+                .as_ref()
+                .and_then(|s| s.lora.as_ref())
+            {
+                Some(l) => l.affinity(adapter),
+                None => NEUTRAL,
+            }
+        }));
     }
 }
 
