@@ -10,7 +10,7 @@ use kvroute_core::endpoint::Endpoint;
 use kvroute_core::scheduler::Reason;
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Request and scrape counters (the table in `docs/CONFIG.md#stats`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,9 +85,12 @@ pub enum Counter {
     ModelsListFailure,
     /// `GET /v1/models` answers listing more ids than are kept (64).
     ModelsListTruncated,
+    /// Per-endpoint stat updates not recorded: the endpoint came after
+    /// `per_endpoint_stats` others.
+    EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 34] = [
+const COUNTERS: [(Counter, &str); 35] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -127,6 +130,10 @@ const COUNTERS: [(Counter, &str); 34] = [
     (
         Counter::ModelsListTruncated,
         "kvroute.models_list.truncated",
+    ),
+    (
+        Counter::EndpointStatsDropped,
+        "kvroute.endpoint_stats_dropped",
     ),
 ];
 
@@ -198,14 +205,20 @@ pub struct Stats {
     peer_lag_ms: Option<u32>,
     peer_replicas: Option<u32>,
     per_endpoint: HashMap<(Endpoint, &'static str), Option<u32>>,
+    /// Endpoints given per-endpoint stats, at most `endpoint_limit`: Envoy
+    /// keeps a stat for good, so new addresses (pods replaced under
+    /// discovery) must not add series, and entries here, without end.
+    endpoints: HashSet<Endpoint>,
+    endpoint_limit: usize,
     /// `[requests, shed]` per listed objective (sorted names), then the
     /// default (requests naming no listed objective).
     per_objective: Vec<[Option<u32>; 2]>,
 }
 
 impl Stats {
-    /// Defines the fixed stats (once per VM).
-    pub fn define() -> Stats {
+    /// Defines the fixed stats (once per VM); at most `endpoint_limit`
+    /// endpoints get per-endpoint stats (`per_endpoint_stats`).
+    pub fn define(endpoint_limit: usize) -> Stats {
         Stats {
             counters: COUNTERS
                 .iter()
@@ -219,6 +232,8 @@ impl Stats {
             peer_lag_ms: define_metric(MetricType::Histogram, "kvroute.peer.lag_ms").ok(),
             peer_replicas: define_metric(MetricType::Gauge, "kvroute.peer.replicas").ok(),
             per_endpoint: HashMap::new(),
+            endpoints: HashSet::new(),
+            endpoint_limit,
             per_objective: Vec::new(),
         }
     }
@@ -315,6 +330,13 @@ impl Stats {
         suffix: &'static str,
         kind: MetricType,
     ) -> Option<u32> {
+        if !self.endpoints.contains(&endpoint) {
+            if self.endpoints.len() >= self.endpoint_limit {
+                self.inc(Counter::EndpointStatsDropped);
+                return None;
+            }
+            self.endpoints.insert(endpoint);
+        }
         *self
             .per_endpoint
             .entry((endpoint, suffix))

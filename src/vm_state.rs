@@ -94,7 +94,7 @@ impl VmState {
         store.create_keys();
         let cursor = store.cursor();
         let seed = config.scheduling.seed.unwrap_or(vm_id);
-        let mut stats = Stats::define();
+        let mut stats = Stats::define(config.per_endpoint_stats);
         if let Some(o) = &config.objectives {
             stats.define_objectives(o.names());
         }
@@ -448,7 +448,9 @@ impl VmState {
                     .endpoint_gauge(e, EndpointGauge::InflightRequests, n);
             }
         }
+        // The pool is sorted: a binary search, not a scan per entry.
         let pool = self.router.pool();
-        self.inflight_gauges.retain(|e, _| pool.contains(e));
+        self.inflight_gauges
+            .retain(|e, _| pool.binary_search(e).is_ok());
     }
 }

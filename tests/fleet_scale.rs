@@ -93,3 +93,50 @@ fn a_pool_within_budget_keeps_the_50_ms_interval() {
     let worst = snapshot_ages(&envoy).into_iter().max().unwrap();
     assert!(worst < 200, "a snapshot {worst} ms old");
 }
+
+/// The distinct endpoints named by `kvroute.endpoint.<ep>.*` stats.
+fn endpoints_with_stats(envoy: &Envoy) -> std::collections::BTreeSet<String> {
+    get(&format!(
+        "http://127.0.0.1:{}/stats?filter=kvroute\\.endpoint\\.",
+        envoy.admin
+    ))
+    .body
+    .lines()
+    .filter_map(|l| l.split_once("kvroute.endpoint.")?.1.split_once('.'))
+    .map(|(ep, _)| ep.to_owned())
+    .collect()
+}
+
+#[test]
+fn per_endpoint_stats_are_bounded_by_the_config() {
+    let sim = Sim::start(6, &["--no-latency"]);
+    let run = |limit: usize| {
+        let envoy = Envoy::start(&sim.endpoints(), json!({ "per_endpoint_stats": limit }), 2);
+        for i in 0..24 {
+            let prompt = format!("request {i} with a prompt of its own");
+            let body = json!({"model": "m", "prompt": prompt, "max_tokens": 1});
+            let r = post_json(&envoy.url("/v1/completions"), &body);
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        (
+            endpoints_with_stats(&envoy),
+            envoy.stat("wasmcustom.kvroute.endpoint_stats_dropped"),
+            envoy.stat("wasmcustom.kvroute.routed"),
+        )
+    };
+    // The default: every endpoint of a small pool has its stats.
+    let (all, dropped, _) = run(1024);
+    assert_eq!(all.len(), 6, "{all:?}");
+    assert_eq!(dropped, 0.0);
+    // One endpoint per VM (two workers and the main thread's): at most 3 of
+    // the 6 named, whatever each VM saw first; routing is unaffected.
+    let (some, dropped, routed) = run(1);
+    assert!((1..=3).contains(&some.len()), "{some:?}");
+    assert!(dropped > 0.0);
+    assert_eq!(routed, 24.0);
+    let (none, dropped, routed) = run(0);
+    assert!(none.is_empty(), "{none:?}");
+    assert!(dropped > 0.0);
+    assert_eq!(routed, 24.0);
+}

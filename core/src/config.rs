@@ -69,6 +69,11 @@ pub struct Config {
     pub objectives: Option<ObjectivesConfig>,
     /// When an endpoint counts as saturated, for shedding (`saturation.rs`).
     pub saturation: SaturationConfig,
+    /// Most distinct endpoints given per-endpoint stats by one VM (0: none).
+    /// Envoy never deletes a stat, and under discovery every new pod address
+    /// would add its series for good: past the limit, endpoints not seen
+    /// before get none (their updates are counted as dropped).
+    pub per_endpoint_stats: usize,
 }
 
 impl Default for Config {
@@ -92,6 +97,7 @@ impl Default for Config {
             models: Vec::new(),
             objectives: None,
             saturation: SaturationConfig::default(),
+            per_endpoint_stats: MAX_ENDPOINTS,
         }
     }
 }
@@ -107,6 +113,9 @@ pub enum Handoff {
     /// outlier detection and retries still apply.
     OverrideHost,
 }
+
+/// Most endpoints in `endpoints` (and the default `per_endpoint_stats`).
+pub const MAX_ENDPOINTS: usize = 1024;
 
 /// `discovery.*`: following the upstream cluster's membership.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -665,7 +674,7 @@ impl Config {
                 ));
             }
         }
-        if self.endpoints.len() > 1024 {
+        if self.endpoints.len() > MAX_ENDPOINTS {
             return Err(err(
                 "endpoints",
                 self.endpoints.len(),
@@ -696,6 +705,13 @@ impl Config {
             o.validate()?;
         }
         self.saturation.validate(self.metrics.scrape_interval_ms)?;
+        if self.per_endpoint_stats > 65_536 {
+            return Err(err(
+                "per_endpoint_stats",
+                self.per_endpoint_stats,
+                "must be 0..=65536 (0 turns per-endpoint stats off)",
+            ));
+        }
         if let Some(h) = &self.debug_header {
             check_header_name("debug_header", h)?;
             if h.eq_ignore_ascii_case(&self.destination_header) {
@@ -1204,6 +1220,10 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"saturation":{"kv_usage_threshold":80}}"#,
                 "saturation.kv_usage_threshold",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"per_endpoint_stats":70000}"#,
+                "per_endpoint_stats",
             ),
             ("not json", "(config)"),
         ];
