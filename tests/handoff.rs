@@ -7,7 +7,6 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::path::Path;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -93,26 +92,6 @@ fn override_host_cannot_be_steered() {
         assert!(raw_http(envoy.port, req.as_bytes()).contains(" 200 "));
     }
     assert_eq!(outsider.state(0)["requests_served"], 0);
-}
-
-/// Writes an EDS file for `endpoints` the way a control plane would:
-/// a new file moved over the old one (Envoy watches the directory).
-fn write_eds(path: &Path, endpoints: &[String]) {
-    let lb: Vec<Value> = endpoints
-        .iter()
-        .map(|e| {
-            let (host, port) = e.rsplit_once(':').unwrap();
-            json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}})
-        })
-        .collect();
-    let doc = json!({"resources": [{
-        "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-        "cluster_name": "kvroute_upstream",
-        "endpoints": [{"lb_endpoints": lb}]
-    }]});
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&doc).unwrap()).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// Sends cold requests until `want(endpoint chosen)` holds; returns how long it took.

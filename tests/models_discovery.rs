@@ -13,7 +13,6 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::path::Path;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -28,26 +27,6 @@ fn chosen(r: &Reply) -> String {
         .and_then(|d| d.split(';').next())
         .map(|e| e.trim_start_matches("endpoint=").to_string())
         .unwrap_or_default()
-}
-
-/// Writes an EDS file for `endpoints` the way a control plane would: a new
-/// file moved over the old one (Envoy watches the directory).
-fn write_eds(path: &Path, endpoints: &[String]) {
-    let lb: Vec<Value> = endpoints
-        .iter()
-        .map(|e| {
-            let (host, port) = e.rsplit_once(':').unwrap();
-            json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}})
-        })
-        .collect();
-    let doc = json!({"resources": [{
-        "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-        "cluster_name": "kvroute_upstream",
-        "endpoints": [{"lb_endpoints": lb}]
-    }]});
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&doc).unwrap()).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// Sends `model` requests until one gets `status`; how long it took.

@@ -558,3 +558,23 @@ pub fn sse_events(port: u16, path: &str, body: &Value) -> (Vec<Duration>, Vec<St
     }
     (times, events)
 }
+
+/// Writes an EDS file for `endpoints` the way a control plane would: a new
+/// file moved over the old one (Envoy watches the directory).
+pub fn write_eds(path: &Path, endpoints: &[String]) {
+    let lb: Vec<Value> = endpoints
+        .iter()
+        .map(|e| {
+            let (host, port) = e.rsplit_once(':').unwrap();
+            serde_json::json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}})
+        })
+        .collect();
+    let doc = serde_json::json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+        "cluster_name": "kvroute_upstream",
+        "endpoints": [{"lb_endpoints": lb}]
+    }]});
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&doc).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
