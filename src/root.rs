@@ -106,7 +106,6 @@ fn new_vm_id(ctx: &dyn Context) -> u64 {
 impl KvRouteRoot {
     fn scrape(&mut self, state: &VmState, now: u64) {
         let cfg = state.config();
-        let timeout = Duration::from_millis(cfg.metrics.scrape_timeout_ms);
         let scraping = &self.scraping;
         // An endpoint whose previous scrape has not answered yet is skipped.
         let due = self.schedule.due(
@@ -117,25 +116,49 @@ impl KvRouteRoot {
             |e| state.states.get(e).answered_at_ms,
         );
         for endpoint in due {
-            let authority = endpoint.to_string();
-            let headers = vec![
-                (":method", "GET"),
-                (":path", cfg.metrics.path.as_str()),
-                (":authority", authority.as_str()),
-                (cfg.destination_header.as_str(), authority.as_str()),
-                ("accept", "text/plain"),
-            ];
-            match self.dispatch_http_call(&cfg.upstream_cluster, headers, None, vec![], timeout) {
-                Ok(token) => {
-                    self.pending.insert(token, Call::Scrape(endpoint));
-                    self.scraping.insert(endpoint);
-                }
-                Err(status) => {
-                    warn!(
-                        "kvroute: cannot dispatch scrape of {endpoint} via cluster {}: {status:?}",
-                        cfg.upstream_cluster
-                    );
-                }
+            if self.get(
+                cfg,
+                endpoint,
+                &cfg.metrics.path,
+                "text/plain",
+                Call::Scrape(endpoint),
+            ) {
+                self.scraping.insert(endpoint);
+            }
+        }
+    }
+
+    /// Sends `GET path` to `endpoint` through the upstream cluster (the
+    /// destination header steers it there), its answer to come back as
+    /// `call`; false (and a warning) when Envoy refuses the call.
+    fn get(
+        &mut self,
+        cfg: &Config,
+        endpoint: Endpoint,
+        path: &str,
+        accept: &str,
+        call: Call,
+    ) -> bool {
+        let authority = endpoint.to_string();
+        let headers = vec![
+            (":method", "GET"),
+            (":path", path),
+            (":authority", authority.as_str()),
+            (cfg.destination_header.as_str(), authority.as_str()),
+            ("accept", accept),
+        ];
+        let timeout = Duration::from_millis(cfg.metrics.scrape_timeout_ms);
+        match self.dispatch_http_call(&cfg.upstream_cluster, headers, None, vec![], timeout) {
+            Ok(token) => {
+                self.pending.insert(token, call);
+                true
+            }
+            Err(status) => {
+                warn!(
+                    "kvroute: cannot dispatch GET {path} to {endpoint} via cluster {}: {status:?}",
+                    cfg.upstream_cluster
+                );
+                false
             }
         }
     }
@@ -158,24 +181,10 @@ impl KvRouteRoot {
             |e| state.states.listed_at(e),
         );
         self.schedule.spend(due.len(), pool.len());
-        let timeout = Duration::from_millis(cfg.metrics.scrape_timeout_ms);
         for endpoint in due {
-            let authority = endpoint.to_string();
-            let headers = vec![
-                (":method", "GET"),
-                (":path", served::LIST_PATH),
-                (":authority", authority.as_str()),
-                (cfg.destination_header.as_str(), authority.as_str()),
-                ("accept", "application/json"),
-            ];
-            match self.dispatch_http_call(&cfg.upstream_cluster, headers, None, vec![], timeout) {
-                Ok(token) => {
-                    self.pending.insert(token, Call::ListModels(endpoint));
-                    self.listing.insert(endpoint);
-                }
-                Err(status) => {
-                    warn!("kvroute: cannot dispatch /v1/models of {endpoint}: {status:?}");
-                }
+            let call = Call::ListModels(endpoint);
+            if self.get(cfg, endpoint, served::LIST_PATH, "application/json", call) {
+                self.listing.insert(endpoint);
             }
         }
     }

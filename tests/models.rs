@@ -32,13 +32,7 @@ fn post(envoy: &Envoy, body: &Value, headers: &[(&str, &str)]) -> Reply {
 
 /// An OpenAI error body: its `code`, after checking the shape.
 fn error_code(r: &Reply) -> String {
-    assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
-    let v = r.json();
-    let e = v["error"]
-        .as_object()
-        .unwrap_or_else(|| panic!("{}", r.body));
-    assert_eq!(e.len(), 4, "{}", r.body);
-    assert!(e["message"].as_str().unwrap().starts_with("kvroute: "));
+    let e = kvroute_error(r);
     assert!(e["param"].is_null());
     assert!(e["type"].is_string());
     e["code"].as_str().unwrap().to_string()

@@ -578,3 +578,18 @@ pub fn write_eds(path: &Path, endpoints: &[String]) {
     std::fs::write(&tmp, serde_json::to_vec(&doc).unwrap()).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+/// The error object of a reply kvroute wrote itself, after checking the
+/// OpenAI shape: JSON, exactly `message` (starting `kvroute: `), `type`,
+/// `param` and `code`.
+pub fn kvroute_error(r: &Reply) -> serde_json::Map<String, Value> {
+    assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
+    let v = r.json();
+    let e = v["error"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{}", r.body))
+        .clone();
+    assert_eq!(e.len(), 4, "{}", r.body);
+    assert!(e["message"].as_str().unwrap().starts_with("kvroute: "));
+    e
+}
