@@ -18,7 +18,7 @@ use crate::prefix::{PrefixIndex, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use crate::stall;
-use crate::ttft::TtftModel;
+use crate::ttft::{Prediction, TtftModel};
 use hashbrown::HashMap;
 
 /// Pool, prefix index and scheduler of one VM.
@@ -268,11 +268,7 @@ impl Router {
                 partial_block: m.map_or(0.0, |m| m.partial()),
                 inflight: inflight(endpoint),
                 last_picked_ms,
-                prediction: None,
             });
-        }
-        if self.config.scheduling.profile == Profile::PredictedTtft {
-            self.predict(&mut candidates, prompt_tokens);
         }
         let facts = RequestFacts {
             total_blocks: blocks.len(),
@@ -286,6 +282,12 @@ impl Router {
                 Scope::All => None,
             },
         };
+        if self.config.scheduling.profile == Profile::PredictedTtft {
+            let predictions = self.predict(&candidates, prompt_tokens);
+            return self
+                .scheduler
+                .pick_predicted(&facts, &candidates, &predictions, rng);
+        }
         self.scheduler.pick(&facts, &candidates, rng)
     }
 
@@ -302,9 +304,10 @@ impl Router {
         others.into_iter().take(n).map(|(e, _)| e).collect()
     }
 
-    /// Fills in each candidate's predicted TTFT (`ttft.rs`).
-    fn predict(&self, candidates: &mut [Candidate], prompt_tokens: u64) {
+    /// Each candidate's predicted TTFT (`ttft.rs`), in candidate order.
+    fn predict(&self, candidates: &[Candidate], prompt_tokens: u64) -> Vec<Prediction> {
         let block_tokens = self.config.prefix.block_tokens as u64;
+        let mut predictions = Vec::with_capacity(candidates.len());
         for c in candidates {
             // A leaf match (part of a block) counts for its part.
             let cached = c.matched() * block_tokens as f64;
@@ -314,8 +317,9 @@ impl Router {
             // past their first byte if more.
             let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
             let running = c.snapshot.map_or(0.0, |s| s.running).max(f64::from(own));
-            c.prediction = Some(self.ttft.predict(&c.endpoint, ahead, uncached, running));
+            predictions.push(self.ttft.predict(&c.endpoint, ahead, uncached, running));
         }
+        predictions
     }
 
     /// Prefill work ahead of a new request on an endpoint (`ttft.rs`):
@@ -434,7 +438,6 @@ mod tests {
                     partial_block: matched.map_or(0.0, |m| m.partial()),
                     inflight: inflight(endpoint),
                     last_picked_ms: last_picked.get(&endpoint).copied(),
-                    prediction: None,
                 }
             })
             .collect()

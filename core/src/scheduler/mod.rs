@@ -85,8 +85,6 @@ pub struct Candidate {
     pub inflight: InFlight,
     /// When kvroute last picked this endpoint (ms), if ever.
     pub last_picked_ms: Option<u64>,
-    /// Predicted TTFT of the request here (`predicted_ttft` profile only).
-    pub prediction: Option<Prediction>,
 }
 
 impl Candidate {
@@ -191,6 +189,21 @@ impl Scheduler {
         candidates: &[Candidate],
         rng: &mut fastrand::Rng,
     ) -> Option<Decision> {
+        self.pick_predicted(req, candidates, &[], rng)
+    }
+
+    /// [`Scheduler::pick`] with each candidate's predicted TTFT, in
+    /// candidate order (`predicted_ttft` profile; other profiles ignore
+    /// them). Kept apart from [`Candidate`] so that the other profiles do
+    /// not copy and read past them: a candidate without one (the slice is
+    /// shorter) comes last.
+    pub fn pick_predicted(
+        &self,
+        req: &RequestFacts,
+        candidates: &[Candidate],
+        predictions: &[Prediction],
+        rng: &mut fastrand::Rng,
+    ) -> Option<Decision> {
         if candidates.is_empty() {
             return None;
         }
@@ -217,7 +230,7 @@ impl Scheduler {
             // Lower predicted cost (TTFT plus what its prefill costs the
             // queue behind it) is better; no prediction comes last.
             kept.iter()
-                .map(|&i| candidates[i].prediction.map_or(f64::MIN, |p| -p.cost_ms))
+                .map(|&i| predictions.get(i).map_or(f64::MIN, |p| -p.cost_ms))
                 .collect()
         } else {
             self.score(&ctx, &kept)
@@ -301,18 +314,19 @@ impl Scheduler {
             Reason::Load
         };
         let mut scores = Vec::with_capacity(kept.len());
-        let mut predictions = Vec::new();
+        let mut chosen_predictions = Vec::new();
         for (&i, &s) in kept.iter().zip(&total) {
-            let c = &candidates[i];
-            scores.push((c.endpoint, s));
-            predictions.extend(c.prediction);
+            scores.push((candidates[i].endpoint, s));
+            if predicted {
+                chosen_predictions.extend(predictions.get(i).copied());
+            }
         }
         Some(Decision {
             endpoint: chosen.endpoint,
             reason,
             matched_blocks: chosen.matched_blocks,
             scores,
-            predictions,
+            predictions: chosen_predictions,
         })
     }
 }
@@ -358,7 +372,6 @@ pub(crate) mod test_support {
             partial_block: 0.0,
             inflight: InFlight::default(),
             last_picked_ms: None,
-            prediction: None,
         }
     }
 }
