@@ -239,6 +239,10 @@ impl Router {
         // A large pool is scraped less often: staleness follows its period.
         let stale_after = schedule::stale_after_ms(metrics, self.pool.len());
         let stalled = self.stalled(states, &inflight, now_ms);
+        let adapter = match scope {
+            Scope::Model { adapter, .. } => adapter,
+            Scope::All => None,
+        };
         // One merge pass over the sorted pool, the sorted scrape states and
         // the matches sorted by endpoint: no lookup, no clone of a state.
         let mut by_endpoint: Vec<_> = matches.iter().collect();
@@ -261,6 +265,7 @@ impl Router {
             candidates.push(Candidate {
                 endpoint,
                 snapshot: state.fresh(now_ms, stale_after),
+                adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
                 healthy: state.healthy(metrics.unhealthy_after_failures)
                     && !outliers.ejected(endpoint, now_ms)
                     && !stalled.contains(&endpoint),
@@ -277,10 +282,7 @@ impl Router {
             // gateway rotates them instead (a hash spreads a few new
             // conversations less evenly than a rotation does).
             affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
-            adapter: match scope {
-                Scope::Model { adapter, .. } => adapter,
-                Scope::All => None,
-            },
+            adapter,
         };
         if self.config.scheduling.profile == Profile::PredictedTtft {
             let predictions = self.predict(&candidates, prompt_tokens);
@@ -380,6 +382,7 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::lora::AdapterFit;
     use crate::metrics::MetricsSnapshot;
     use crate::scheduler::Reason;
     #[cfg(target_arch = "wasm32")]
@@ -438,6 +441,8 @@ mod tests {
                     partial_block: matched.map_or(0.0, |m| m.partial()),
                     inflight: inflight(endpoint),
                     last_picked_ms: last_picked.get(&endpoint).copied(),
+                    // `decide` serves every model: no adapter.
+                    adapter_fit: AdapterFit::Unknown,
                 }
             })
             .collect()
@@ -498,7 +503,6 @@ mod tests {
                             running: f64::from(rng.u8(0..9)),
                             kv_usage: rng.bool().then(|| rng.f64()),
                             kv_capacity_tokens: None,
-                            lora: None,
                         },
                         now - rng.u64(0..3000),
                     ),

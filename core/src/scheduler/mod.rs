@@ -61,6 +61,7 @@ pub mod scorer;
 use crate::config::SchedulingConfig;
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
+use crate::metrics::lora::AdapterFit;
 use crate::metrics::MetricsSnapshot;
 use crate::ttft::Prediction;
 use plugin::{Context, Note};
@@ -85,6 +86,9 @@ pub struct Candidate {
     pub inflight: InFlight,
     /// When kvroute last picked this endpoint (ms), if ever.
     pub last_picked_ms: Option<u64>,
+    /// How it suits the request's LoRA adapter, by its fresh scrape
+    /// (`Unknown` for a base-model request).
+    pub adapter_fit: AdapterFit,
 }
 
 impl Candidate {
@@ -253,12 +257,7 @@ impl Scheduler {
             if !(c.healthy || fallback) {
                 continue;
             }
-            adapter_runs |= req.adapter.is_some_and(|a| {
-                c.snapshot
-                    .as_ref()
-                    .and_then(|s| s.lora.as_ref())
-                    .is_some_and(|l| l.running(a))
-            });
+            adapter_runs |= req.adapter.is_some() && c.adapter_fit == AdapterFit::Running;
             holds_prefix |=
                 !((req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0);
             // A comparison, not `f64::max`: the same for these (never NaN
@@ -365,13 +364,13 @@ pub(crate) mod test_support {
                 running: 0.0,
                 kv_usage: Some(0.1),
                 kv_capacity_tokens: None,
-                lora: None,
             }),
             healthy: true,
             matched_blocks: 0,
             partial_block: 0.0,
             inflight: InFlight::default(),
             last_picked_ms: None,
+            adapter_fit: AdapterFit::Unknown,
         }
     }
 }
@@ -407,7 +406,6 @@ mod tests {
             running,
             kv_usage: Some(kv),
             kv_capacity_tokens: None,
-            lora: None,
         });
         c.inflight.requests = inflight;
         c
@@ -532,19 +530,19 @@ mod tests {
     #[test]
     fn a_running_adapter_is_an_affinity_not_a_cold_pick() {
         use crate::metrics::lora::{adapter_id, LoraSnapshot};
-        let with_lora = |i, running: &str, waiting: f64| {
-            let mut c = loaded(i, waiting, 0.0, 0.1, 0);
-            c.snapshot.as_mut().unwrap().lora = Some(LoraSnapshot::from_labels(running, "", "1"));
-            c
+        // The fit the router gives each candidate for the request's adapter.
+        let fit = |cands: &mut [Candidate], lora: &[LoraSnapshot], adapter: &str| {
+            for (c, l) in cands.iter_mut().zip(lora) {
+                c.adapter_fit = l.fit(adapter_id(adapter));
+            }
         };
+        let lora = ["", "sql", ""].map(|running| LoraSnapshot::from_labels(running, "", "1"));
+        let with_lora = |i, waiting: f64| loaded(i, waiting, 0.0, 0.1, 0);
         // sql runs on 1, which also has one more request waiting; 0 and 2
         // have a free slot and were picked less recently.
-        let mut cands = vec![
-            with_lora(0, "", 0.0),
-            with_lora(1, "sql", 1.0),
-            with_lora(2, "", 0.0),
-        ];
+        let mut cands = vec![with_lora(0, 0.0), with_lora(1, 1.0), with_lora(2, 0.0)];
         cands[1].last_picked_ms = Some(100);
+        fit(&mut cands, &lora, "sql");
         let req = RequestFacts {
             adapter: Some(adapter_id("sql")),
             ..RequestFacts::default()
@@ -565,6 +563,7 @@ mod tests {
             adapter: Some(adapter_id("fin")),
             ..RequestFacts::default()
         };
+        fit(&mut cands, &lora, "fin");
         let d = s.pick(&other, &cands, &mut rng).unwrap();
         assert_eq!(d.reason, Reason::Cold);
         assert_ne!(d.endpoint, cands[1].endpoint, "its only slot runs sql");
