@@ -278,17 +278,18 @@ impl Scheduler {
             .map(|s| s.weight(w))
             .filter(|x| x.is_finite() && *x > 0.0)
             .sum::<f64>();
-        // Recency and, with an affinity key, rendezvous rank of each kept
-        // candidate, in one pass.
-        let mut last: Vec<Option<u64>> = Vec::with_capacity(kept.len());
-        let mut rank: Option<Vec<u64>> = req.affinity_key.map(|_| Vec::with_capacity(kept.len()));
-        for &i in &kept {
-            let c = &candidates[i];
-            last.push(c.last_picked_ms);
-            if let (Some(key), Some(rank)) = (req.affinity_key, rank.as_mut()) {
-                rank.push(picker::rendezvous(key, &c.endpoint));
-            }
-        }
+        // Recency (only a cold pick reads it) and, with an affinity key,
+        // rendezvous rank of each kept candidate.
+        let last: Vec<Option<u64>> = if cold {
+            kept.iter().map(|&i| candidates[i].last_picked_ms).collect()
+        } else {
+            Vec::new()
+        };
+        let rank: Option<Vec<u64>> = req.affinity_key.map(|key| {
+            kept.iter()
+                .map(|&i| picker::rendezvous(key, &candidates[i].endpoint))
+                .collect()
+        });
         // The cold margin is a share of the total weight, or with predicted
         // TTFT a share of the best prediction.
         let unit = if predicted {

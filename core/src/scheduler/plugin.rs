@@ -80,17 +80,15 @@ pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
     // their NaN handling making one long dependency chain through the pool.
     let mut lo = [f64::INFINITY; 4];
     let mut hi = [f64::NEG_INFINITY; 4];
+    // An unknown or non-finite value becomes NaN, which no comparison
+    // takes: selects instead of branches.
     let mut extend = |k: usize, x: &Option<f64>| {
-        if let Some(x) = *x {
-            if x.is_finite() {
-                if x < lo[k] {
-                    lo[k] = x;
-                }
-                if x > hi[k] {
-                    hi[k] = x;
-                }
-            }
-        }
+        let x = match *x {
+            Some(x) if x.is_finite() => x,
+            _ => f64::NAN,
+        };
+        lo[k] = if x < lo[k] { x } else { lo[k] };
+        hi[k] = if x > hi[k] { x } else { hi[k] };
     };
     let mut chunks = xs.chunks_exact(4);
     for c in &mut chunks {
