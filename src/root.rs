@@ -388,7 +388,7 @@ impl KvRouteRoot {
         }
         let failed = answers
             .iter()
-            .filter(|(_, o, _)| !matches!(o, ScrapeOutcome::Snapshot(_)))
+            .filter(|(_, o, _)| !matches!(o, ScrapeOutcome::Snapshot(..)))
             .count();
         state
             .stats
@@ -399,7 +399,7 @@ impl KvRouteRoot {
         }
         for &(endpoint, outcome, _) in &answers {
             let current = states.get(endpoint);
-            if !matches!(outcome, ScrapeOutcome::Snapshot(_)) {
+            if !matches!(outcome, ScrapeOutcome::Snapshot(..)) {
                 state
                     .stats
                     .endpoint_inc(endpoint, EndpointCounter::ScrapeFailures);

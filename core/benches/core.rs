@@ -242,7 +242,6 @@ fn bench_decide(c: &mut Criterion) {
                 running: (e % 7) as f64,
                 kv_usage: Some((e % 10) as f64 / 10.0),
                 kv_capacity_tokens: None,
-                lora: None,
             };
             states.succeed(endpoint(e), snapshot, now - 10);
         }

@@ -14,11 +14,11 @@ use crate::metrics::{schedule, MetricsSnapshot};
 use crate::models::{ModelNotFound, ModelPools, Scope};
 use crate::objectives::Objective;
 use crate::outlier::OutlierTable;
-use crate::prefix::{PrefixIndex, Prompt};
+use crate::prefix::{PrefixIndex, PrefixMatch, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use crate::stall;
-use crate::ttft::TtftModel;
+use crate::ttft::{Prediction, TtftModel};
 use hashbrown::HashMap;
 
 /// Pool, prefix index and scheduler of one VM.
@@ -239,28 +239,44 @@ impl Router {
         // A large pool is scraped less often: staleness follows its period.
         let stale_after = schedule::stale_after_ms(metrics, self.pool.len());
         let stalled = self.stalled(states, &inflight, now_ms);
-        // One merge pass over the sorted pool, the sorted scrape states and
-        // the matches sorted by endpoint: no lookup, no clone of a state.
-        let mut by_endpoint: Vec<_> = matches.iter().collect();
-        by_endpoint.sort_unstable_by_key(|m| m.endpoint);
-        let mut matched = by_endpoint.into_iter().peekable();
-        let mut entries = states.entries.iter().peekable();
+        let adapter = match scope {
+            Scope::Model { adapter, .. } => adapter,
+            Scope::All => None,
+        };
+        // One merge pass over the sorted pool and the sorted scrape states,
+        // the matches placed by their index in the pool: no lookup, no clone
+        // of a state, and mostly equality tests (an ordering of two socket
+        // addresses costs more).
+        let mut by_index: Vec<(usize, &PrefixMatch)> = matches
+            .iter()
+            .filter_map(|m| Some((self.pool.binary_search(&m.endpoint).ok()?, m)))
+            .collect();
+        by_index.sort_unstable_by_key(|(i, _)| *i);
+        let mut matched = by_index.into_iter().peekable();
+        let entries = &states.entries;
+        let mut next_entry = 0;
         let unknown = ScrapeState::default();
         let mut candidates: Vec<Candidate> = Vec::with_capacity(self.pool.len());
-        for (&endpoint, &last_picked_ms) in self.pool.iter().zip(&self.last_picked) {
-            while entries.next_if(|(x, _)| *x < endpoint).is_some() {}
-            while matched.next_if(|m| m.endpoint < endpoint).is_some() {}
-            let state = match entries.peek() {
-                Some((x, s)) if *x == endpoint => s,
-                _ => &unknown,
+        for (i, (&endpoint, &last_picked_ms)) in self.pool.iter().zip(&self.last_picked).enumerate()
+        {
+            let state = loop {
+                match entries.get(next_entry) {
+                    Some((x, s)) if *x == endpoint => {
+                        next_entry += 1;
+                        break s;
+                    }
+                    Some((x, _)) if *x < endpoint => next_entry += 1,
+                    _ => break &unknown,
+                }
             };
+            let m = matched.next_if(|(k, _)| *k == i).map(|(_, m)| m);
             if !self.serves(scope, endpoint, state) {
                 continue;
             }
-            let m = matched.peek().filter(|m| m.endpoint == endpoint);
             candidates.push(Candidate {
                 endpoint,
                 snapshot: state.fresh(now_ms, stale_after),
+                adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
                 healthy: state.healthy(metrics.unhealthy_after_failures)
                     && !outliers.ejected(endpoint, now_ms)
                     && !stalled.contains(&endpoint),
@@ -268,11 +284,7 @@ impl Router {
                 partial_block: m.map_or(0.0, |m| m.partial()),
                 inflight: inflight(endpoint),
                 last_picked_ms,
-                prediction: None,
             });
-        }
-        if self.config.scheduling.profile == Profile::PredictedTtft {
-            self.predict(&mut candidates, prompt_tokens);
         }
         let facts = RequestFacts {
             total_blocks: blocks.len(),
@@ -281,11 +293,14 @@ impl Router {
             // gateway rotates them instead (a hash spreads a few new
             // conversations less evenly than a rotation does).
             affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
-            adapter: match scope {
-                Scope::Model { adapter, .. } => adapter,
-                Scope::All => None,
-            },
+            adapter,
         };
+        if self.config.scheduling.profile == Profile::PredictedTtft {
+            let predictions = self.predict(&candidates, prompt_tokens);
+            return self
+                .scheduler
+                .pick_predicted(&facts, &candidates, &predictions, rng);
+        }
         self.scheduler.pick(&facts, &candidates, rng)
     }
 
@@ -302,9 +317,10 @@ impl Router {
         others.into_iter().take(n).map(|(e, _)| e).collect()
     }
 
-    /// Fills in each candidate's predicted TTFT (`ttft.rs`).
-    fn predict(&self, candidates: &mut [Candidate], prompt_tokens: u64) {
+    /// Each candidate's predicted TTFT (`ttft.rs`), in candidate order.
+    fn predict(&self, candidates: &[Candidate], prompt_tokens: u64) -> Vec<Prediction> {
         let block_tokens = self.config.prefix.block_tokens as u64;
+        let mut predictions = Vec::with_capacity(candidates.len());
         for c in candidates {
             // A leaf match (part of a block) counts for its part.
             let cached = c.matched() * block_tokens as f64;
@@ -314,8 +330,9 @@ impl Router {
             // past their first byte if more.
             let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
             let running = c.snapshot.map_or(0.0, |s| s.running).max(f64::from(own));
-            c.prediction = Some(self.ttft.predict(&c.endpoint, ahead, uncached, running));
+            predictions.push(self.ttft.predict(&c.endpoint, ahead, uncached, running));
         }
+        predictions
     }
 
     /// Prefill work ahead of a new request on an endpoint (`ttft.rs`):
@@ -376,6 +393,7 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::lora::AdapterFit;
     use crate::metrics::MetricsSnapshot;
     use crate::scheduler::Reason;
     #[cfg(target_arch = "wasm32")]
@@ -434,7 +452,8 @@ mod tests {
                     partial_block: matched.map_or(0.0, |m| m.partial()),
                     inflight: inflight(endpoint),
                     last_picked_ms: last_picked.get(&endpoint).copied(),
-                    prediction: None,
+                    // `decide` serves every model: no adapter.
+                    adapter_fit: AdapterFit::Unknown,
                 }
             })
             .collect()
@@ -495,7 +514,6 @@ mod tests {
                             running: f64::from(rng.u8(0..9)),
                             kv_usage: rng.bool().then(|| rng.f64()),
                             kv_capacity_tokens: None,
-                            lora: None,
                         },
                         now - rng.u64(0..3000),
                     ),

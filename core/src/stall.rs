@@ -100,7 +100,7 @@ mod tests {
         for (i, at) in answered.iter().enumerate() {
             states.record(
                 pool[i],
-                ScrapeOutcome::Snapshot(MetricsSnapshot::default()),
+                ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
                 *at,
             );
         }
@@ -203,7 +203,11 @@ mod tests {
         let now = 100_000;
         let mut states = EndpointStates::default();
         for (e, at) in pool.iter().zip([now - 520, now - 30, now - 200]) {
-            states.record(*e, ScrapeOutcome::Snapshot(MetricsSnapshot::default()), at);
+            states.record(
+                *e,
+                ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
+                at,
+            );
         }
         let view = |e: Endpoint| InFlight {
             requests: u32::from(e == pool[0]),

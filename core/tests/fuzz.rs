@@ -459,17 +459,16 @@ proptest! {
                     states.fail(e);
                 }
                 1 => states.reachable(e, b),
-                _ => states.succeed(e, MetricsSnapshot {
+                _ => states.succeed_with_lora(e, MetricsSnapshot {
                     waiting: b as f64,
                     running: 1.5,
                     kv_usage: (b % 2 == 0).then_some(0.25),
                     kv_capacity_tokens: (b % 5 == 0).then_some(b),
-                    lora: (b % 7 != 0).then(|| LoraSnapshot::from_labels(
-                        &(0..b % 11).map(|k| format!("a{k}")).collect::<Vec<_>>().join(","),
-                        if b % 2 == 0 { "w1,w2" } else { "" },
-                        "2",
-                    )),
-                }, b),
+                }, (b % 7 != 0).then(|| LoraSnapshot::from_labels(
+                    &(0..b % 11).map(|k| format!("a{k}")).collect::<Vec<_>>().join(","),
+                    if b % 2 == 0 { "w1,w2" } else { "" },
+                    "2",
+                )), b),
             }
             // Its /v1/models list (none, empty, up to the cap).
             if b % 4 != 1 {

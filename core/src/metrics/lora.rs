@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// An adapter name's id: 32 bits of its hash (a collision only misleads a
-/// routing preference; it keeps the snapshot, copied per candidate per
-/// decision, small).
+/// routing preference; it keeps the snapshot, copied into the shared scrape
+/// state, small).
 pub type AdapterId = u32;
 
 /// Most adapter names kept per list (running, waiting) per endpoint.
@@ -96,18 +96,56 @@ impl LoraSnapshot {
         u32::from(self.running_count) + u32::from(self.waiting_count) < u32::from(self.max_lora)
     }
 
-    /// How well the endpoint suits a request for adapter `id` (llm-d's
-    /// LoRA-affinity scorer): running 1.0, a free slot 0.8, waiting 0.6,
-    /// else 0.
-    pub fn affinity(&self, id: AdapterId) -> f64 {
+    /// How well the endpoint suits a request for adapter `id`
+    /// ([`AdapterFit`], best first).
+    pub fn fit(&self, id: AdapterId) -> AdapterFit {
         if self.running(id) {
-            1.0
+            AdapterFit::Running
         } else if self.free_slot() {
-            0.8
+            AdapterFit::FreeSlot
         } else if self.waiting(id) {
-            0.6
+            AdapterFit::Waiting
         } else {
-            0.0
+            AdapterFit::Absent
+        }
+    }
+
+    /// [`LoraSnapshot::fit`]'s score (llm-d's LoRA-affinity scorer):
+    /// running 1.0, a free slot 0.8, waiting 0.6, else 0.
+    pub fn affinity(&self, id: AdapterId) -> f64 {
+        self.fit(id).score().unwrap_or(0.0)
+    }
+}
+
+/// How an endpoint suits a request for one adapter: the one byte of its
+/// [`LoraSnapshot`] a routing decision copies per candidate (the snapshot's
+/// lists stay in the scrape state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AdapterFit {
+    /// Not known: no fresh snapshot, the engine does not report its
+    /// adapters, or the request names none.
+    #[default]
+    Unknown,
+    /// Requests for the adapter run here (it is loaded).
+    Running,
+    /// Not running, but an adapter slot is free.
+    FreeSlot,
+    /// Requests for it wait here (being loaded, or waiting for a slot).
+    Waiting,
+    /// Neither, and every slot is taken.
+    Absent,
+}
+
+impl AdapterFit {
+    /// The lora-affinity score: running 1.0, a free slot 0.8, waiting 0.6,
+    /// absent 0; `None` when unknown.
+    pub fn score(self) -> Option<f64> {
+        match self {
+            AdapterFit::Running => Some(1.0),
+            AdapterFit::FreeSlot => Some(0.8),
+            AdapterFit::Waiting => Some(0.6),
+            AdapterFit::Absent => Some(0.0),
+            AdapterFit::Unknown => None,
         }
     }
 }

@@ -40,6 +40,14 @@ pub fn read_snapshot(text: &str, cfg: &MetricsConfig) -> Result<MetricsSnapshot,
     profile::read(text, cfg).map(|(s, _)| s)
 }
 
+/// [`read_snapshot`], with the LoRA adapters the scrape lists (`lora.rs`).
+pub fn read_snapshot_with_lora(
+    text: &str,
+    cfg: &MetricsConfig,
+) -> Result<(MetricsSnapshot, Option<lora::LoraSnapshot>), MetricsError> {
+    profile::read_with_lora(text, cfg).map(|(s, l, _)| (s, l))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

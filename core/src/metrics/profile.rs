@@ -191,6 +191,15 @@ impl Acc {
 /// Reads a scrape with the configured profile(s); see the module comment.
 /// Returns the snapshot and the engine whose names were used.
 pub fn read(text: &str, cfg: &MetricsConfig) -> Result<(MetricsSnapshot, Engine), MetricsError> {
+    read_with_lora(text, cfg).map(|(s, _, e)| (s, e))
+}
+
+/// [`read`], with the LoRA adapters the scrape lists (when the engine's
+/// profile reads them and the scrape has them).
+pub fn read_with_lora(
+    text: &str,
+    cfg: &MetricsConfig,
+) -> Result<(MetricsSnapshot, Option<LoraSnapshot>, Engine), MetricsError> {
     let profiles = NameProfile::for_config(cfg);
     // Distinct wanted names; a slot per name.
     let mut names: Vec<&str> = Vec::with_capacity(16);
@@ -276,8 +285,8 @@ pub fn read(text: &str, cfg: &MetricsConfig) -> Result<(MetricsSnapshot, Engine)
             running: count(p.running),
             kv_usage,
             kv_capacity_tokens,
-            lora: lora.filter(|_| p.lora_info.is_some()).map(|(_, l)| l),
         },
+        lora.filter(|_| p.lora_info.is_some()).map(|(_, l)| l),
         p.engine,
     ))
 }
@@ -308,7 +317,6 @@ mod tests {
             running: r,
             kv_usage: kv,
             kv_capacity_tokens: cap,
-            lora: None,
         }
     }
 
@@ -484,20 +492,21 @@ mod tests {
                     vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"alpaca\",waiting_lora_adapters=\"underdog\"} 1.789828498802105e+09\n\
                     vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"underdog\",waiting_lora_adapters=\"\"} 1.7898284e+09\n\
                     vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1.0\n";
-        let (s, engine) = read(text, &cfg(Engine::Auto)).unwrap();
+        let (_, lora, engine) = read_with_lora(text, &cfg(Engine::Auto)).unwrap();
         assert_eq!(engine, Engine::Vllm);
-        let lora = s.lora.expect("lora state");
+        let lora = lora.expect("lora state");
         assert!(lora.running(adapter_id("alpaca")));
         assert!(lora.waiting(adapter_id("underdog")));
         assert!(!lora.running(adapter_id("underdog")), "an older sample");
         assert_eq!(lora.max_lora, 2);
         // Engines without the gauge, or vLLM without LoRA: none.
-        let (s, _) = read("vllm:num_requests_waiting 1\n", &cfg(Engine::Auto)).unwrap();
-        assert_eq!(s.lora, None);
+        let (_, lora, _) =
+            read_with_lora("vllm:num_requests_waiting 1\n", &cfg(Engine::Auto)).unwrap();
+        assert_eq!(lora, None);
         let text =
             "sglang:num_queue_reqs 1\nvllm:lora_requests_info{running_lora_adapters=\"a\"} 1\n";
-        let (s, engine) = read(text, &cfg(Engine::Auto)).unwrap();
-        assert_eq!((engine, s.lora), (Engine::Sglang, None));
+        let (_, lora, engine) = read_with_lora(text, &cfg(Engine::Auto)).unwrap();
+        assert_eq!((engine, lora), (Engine::Sglang, None));
     }
 
     #[test]
@@ -510,9 +519,9 @@ mod tests {
             include_str!("../../../tests/fixtures/metrics/vllm-0.29.0-cpu-smollm2-lora-requests-info-line.txt"),
         ]
         .concat();
-        let (s, engine) = read(&text, &cfg(Engine::Auto)).unwrap();
+        let (_, lora, engine) = read_with_lora(&text, &cfg(Engine::Auto)).unwrap();
         assert_eq!(engine, Engine::Vllm);
-        let lora = s.lora.expect("lora state");
+        let lora = lora.expect("lora state");
         assert_eq!(
             (lora.running_count, lora.waiting_count, lora.max_lora),
             (1, 1, 2)

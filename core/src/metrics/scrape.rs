@@ -7,14 +7,16 @@
 //! answers itself when it cannot connect) counts toward
 //! `metrics.unhealthy_after_failures`.
 
-use super::{read_snapshot, MetricsSnapshot};
+use super::lora::LoraSnapshot;
+use super::{read_snapshot_with_lora, MetricsSnapshot};
 use crate::config::MetricsConfig;
 
 /// The meaning of one scrape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ScrapeOutcome {
-    /// Load figures read.
-    Snapshot(MetricsSnapshot),
+    /// Load figures read, and the LoRA adapters listed (when the engine
+    /// reports them).
+    Snapshot(MetricsSnapshot, Option<LoraSnapshot>),
     /// The endpoint answered, but not with readable metrics.
     Unreadable,
     /// No answer, a timeout, or a server error.
@@ -26,8 +28,8 @@ pub enum ScrapeOutcome {
 pub fn classify(status: Option<u16>, body: &[u8], cfg: &MetricsConfig) -> ScrapeOutcome {
     match status {
         Some(200) => match std::str::from_utf8(body) {
-            Ok(text) => read_snapshot(text, cfg)
-                .map(ScrapeOutcome::Snapshot)
+            Ok(text) => read_snapshot_with_lora(text, cfg)
+                .map(|(s, l)| ScrapeOutcome::Snapshot(s, l))
                 .unwrap_or(ScrapeOutcome::Unreadable),
             Err(_) => ScrapeOutcome::Unreadable,
         },
@@ -59,7 +61,7 @@ mod tests {
         ];
         for (status, body, want) in cases {
             let got = match classify(status, body, &cfg) {
-                ScrapeOutcome::Snapshot(s) => {
+                ScrapeOutcome::Snapshot(s, _) => {
                     assert_eq!((s.waiting, s.running), (2.0, 1.0));
                     "snapshot"
                 }

@@ -1,7 +1,9 @@
 //! One endpoint's load at one scrape: the few figures routing uses, already
 //! aggregated over the engine's series (see `metrics::profile` for how).
+//! A routing decision copies it per candidate, so it holds only the load
+//! figures: the LoRA adapters a scrape lists (`lora.rs`) are kept beside
+//! it in the scrape state.
 
-use super::lora::LoraSnapshot;
 use serde::{Deserialize, Serialize};
 
 /// The load figures routing uses, read from one scrape.
@@ -17,8 +19,4 @@ pub struct MetricsSnapshot {
     /// KV-cache capacity in tokens (`block_size x num_gpu_blocks`, summed
     /// over series), when reported.
     pub kv_capacity_tokens: Option<u64>,
-    /// LoRA adapters running and waiting, when the engine reports them
-    /// (vLLM's `vllm:lora_requests_info`, see `lora.rs`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora: Option<LoraSnapshot>,
 }

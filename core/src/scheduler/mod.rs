@@ -61,6 +61,7 @@ pub mod scorer;
 use crate::config::SchedulingConfig;
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
+use crate::metrics::lora::AdapterFit;
 use crate::metrics::MetricsSnapshot;
 use crate::ttft::Prediction;
 use plugin::{Context, Note};
@@ -85,8 +86,9 @@ pub struct Candidate {
     pub inflight: InFlight,
     /// When kvroute last picked this endpoint (ms), if ever.
     pub last_picked_ms: Option<u64>,
-    /// Predicted TTFT of the request here (`predicted_ttft` profile only).
-    pub prediction: Option<Prediction>,
+    /// How it suits the request's LoRA adapter, by its fresh scrape
+    /// (`Unknown` for a base-model request).
+    pub adapter_fit: AdapterFit,
 }
 
 impl Candidate {
@@ -191,6 +193,21 @@ impl Scheduler {
         candidates: &[Candidate],
         rng: &mut fastrand::Rng,
     ) -> Option<Decision> {
+        self.pick_predicted(req, candidates, &[], rng)
+    }
+
+    /// [`Scheduler::pick`] with each candidate's predicted TTFT, in
+    /// candidate order (`predicted_ttft` profile; other profiles ignore
+    /// them). Kept apart from [`Candidate`] so that the other profiles do
+    /// not copy and read past them: a candidate without one (the slice is
+    /// shorter) comes last.
+    pub fn pick_predicted(
+        &self,
+        req: &RequestFacts,
+        candidates: &[Candidate],
+        predictions: &[Prediction],
+        rng: &mut fastrand::Rng,
+    ) -> Option<Decision> {
         if candidates.is_empty() {
             return None;
         }
@@ -217,7 +234,7 @@ impl Scheduler {
             // Lower predicted cost (TTFT plus what its prefill costs the
             // queue behind it) is better; no prediction comes last.
             kept.iter()
-                .map(|&i| candidates[i].prediction.map_or(f64::MIN, |p| -p.cost_ms))
+                .map(|&i| predictions.get(i).map_or(f64::MIN, |p| -p.cost_ms))
                 .collect()
         } else {
             self.score(&ctx, &kept)
@@ -240,12 +257,7 @@ impl Scheduler {
             if !(c.healthy || fallback) {
                 continue;
             }
-            adapter_runs |= req.adapter.is_some_and(|a| {
-                c.snapshot
-                    .as_ref()
-                    .and_then(|s| s.lora.as_ref())
-                    .is_some_and(|l| l.running(a))
-            });
+            adapter_runs |= req.adapter.is_some() && c.adapter_fit == AdapterFit::Running;
             holds_prefix |=
                 !((req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0);
             // A comparison, not `f64::max`: the same for these (never NaN
@@ -266,17 +278,18 @@ impl Scheduler {
             .map(|s| s.weight(w))
             .filter(|x| x.is_finite() && *x > 0.0)
             .sum::<f64>();
-        // Recency and, with an affinity key, rendezvous rank of each kept
-        // candidate, in one pass.
-        let mut last: Vec<Option<u64>> = Vec::with_capacity(kept.len());
-        let mut rank: Option<Vec<u64>> = req.affinity_key.map(|_| Vec::with_capacity(kept.len()));
-        for &i in &kept {
-            let c = &candidates[i];
-            last.push(c.last_picked_ms);
-            if let (Some(key), Some(rank)) = (req.affinity_key, rank.as_mut()) {
-                rank.push(picker::rendezvous(key, &c.endpoint));
-            }
-        }
+        // Recency (only a cold pick reads it) and, with an affinity key,
+        // rendezvous rank of each kept candidate.
+        let last: Vec<Option<u64>> = if cold {
+            kept.iter().map(|&i| candidates[i].last_picked_ms).collect()
+        } else {
+            Vec::new()
+        };
+        let rank: Option<Vec<u64>> = req.affinity_key.map(|key| {
+            kept.iter()
+                .map(|&i| picker::rendezvous(key, &candidates[i].endpoint))
+                .collect()
+        });
         // The cold margin is a share of the total weight, or with predicted
         // TTFT a share of the best prediction.
         let unit = if predicted {
@@ -301,18 +314,19 @@ impl Scheduler {
             Reason::Load
         };
         let mut scores = Vec::with_capacity(kept.len());
-        let mut predictions = Vec::new();
+        let mut chosen_predictions = Vec::new();
         for (&i, &s) in kept.iter().zip(&total) {
-            let c = &candidates[i];
-            scores.push((c.endpoint, s));
-            predictions.extend(c.prediction);
+            scores.push((candidates[i].endpoint, s));
+            if predicted {
+                chosen_predictions.extend(predictions.get(i).copied());
+            }
         }
         Some(Decision {
             endpoint: chosen.endpoint,
             reason,
             matched_blocks: chosen.matched_blocks,
             scores,
-            predictions,
+            predictions: chosen_predictions,
         })
     }
 }
@@ -351,14 +365,13 @@ pub(crate) mod test_support {
                 running: 0.0,
                 kv_usage: Some(0.1),
                 kv_capacity_tokens: None,
-                lora: None,
             }),
             healthy: true,
             matched_blocks: 0,
             partial_block: 0.0,
             inflight: InFlight::default(),
             last_picked_ms: None,
-            prediction: None,
+            adapter_fit: AdapterFit::Unknown,
         }
     }
 }
@@ -394,7 +407,6 @@ mod tests {
             running,
             kv_usage: Some(kv),
             kv_capacity_tokens: None,
-            lora: None,
         });
         c.inflight.requests = inflight;
         c
@@ -519,19 +531,19 @@ mod tests {
     #[test]
     fn a_running_adapter_is_an_affinity_not_a_cold_pick() {
         use crate::metrics::lora::{adapter_id, LoraSnapshot};
-        let with_lora = |i, running: &str, waiting: f64| {
-            let mut c = loaded(i, waiting, 0.0, 0.1, 0);
-            c.snapshot.as_mut().unwrap().lora = Some(LoraSnapshot::from_labels(running, "", "1"));
-            c
+        // The fit the router gives each candidate for the request's adapter.
+        let fit = |cands: &mut [Candidate], lora: &[LoraSnapshot], adapter: &str| {
+            for (c, l) in cands.iter_mut().zip(lora) {
+                c.adapter_fit = l.fit(adapter_id(adapter));
+            }
         };
+        let lora = ["", "sql", ""].map(|running| LoraSnapshot::from_labels(running, "", "1"));
+        let with_lora = |i, waiting: f64| loaded(i, waiting, 0.0, 0.1, 0);
         // sql runs on 1, which also has one more request waiting; 0 and 2
         // have a free slot and were picked less recently.
-        let mut cands = vec![
-            with_lora(0, "", 0.0),
-            with_lora(1, "sql", 1.0),
-            with_lora(2, "", 0.0),
-        ];
+        let mut cands = vec![with_lora(0, 0.0), with_lora(1, 1.0), with_lora(2, 0.0)];
         cands[1].last_picked_ms = Some(100);
+        fit(&mut cands, &lora, "sql");
         let req = RequestFacts {
             adapter: Some(adapter_id("sql")),
             ..RequestFacts::default()
@@ -552,6 +564,7 @@ mod tests {
             adapter: Some(adapter_id("fin")),
             ..RequestFacts::default()
         };
+        fit(&mut cands, &lora, "fin");
         let d = s.pick(&other, &cands, &mut rng).unwrap();
         assert_eq!(d.reason, Reason::Cold);
         assert_ne!(d.endpoint, cands[1].endpoint, "its only slot runs sql");

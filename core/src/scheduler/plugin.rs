@@ -80,17 +80,15 @@ pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
     // their NaN handling making one long dependency chain through the pool.
     let mut lo = [f64::INFINITY; 4];
     let mut hi = [f64::NEG_INFINITY; 4];
+    // An unknown or non-finite value becomes NaN, which no comparison
+    // takes: selects instead of branches.
     let mut extend = |k: usize, x: &Option<f64>| {
-        if let Some(x) = *x {
-            if x.is_finite() {
-                if x < lo[k] {
-                    lo[k] = x;
-                }
-                if x > hi[k] {
-                    hi[k] = x;
-                }
-            }
-        }
+        let x = match *x {
+            Some(x) if x.is_finite() => x,
+            _ => f64::NAN,
+        };
+        lo[k] = if x < lo[k] { x } else { lo[k] };
+        hi[k] = if x > hi[k] { x } else { hi[k] };
     };
     let mut chunks = xs.chunks_exact(4);
     for c in &mut chunks {
@@ -104,20 +102,20 @@ pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
     let lo = lo.into_iter().fold(f64::INFINITY, f64::min);
     let hi = hi.into_iter().fold(f64::NEG_INFINITY, f64::max);
     let range = (hi - lo).max(floor);
-    for x in xs {
-        out.push(match x {
-            Some(x) if x.is_finite() => {
-                // `x == lo` scores exactly 1 either way; skips a division.
-                if range > 0.0 && *x != lo {
-                    1.0 - (x - lo) / range
-                } else {
-                    1.0
-                }
-            }
-            Some(_) => 0.0,
-            None => NEUTRAL,
-        });
-    }
+    let scaled = range > 0.0;
+    // Every entry's three outcomes computed and one selected, without a
+    // branch: the values of a pool repeat in no pattern a branch predictor
+    // learns. `1 - (x - lo) / range` is exactly 1 at `x == lo`.
+    out.extend(xs.iter().map(|x| {
+        let v = x.unwrap_or(0.0);
+        let spread = if scaled { 1.0 - (v - lo) / range } else { 1.0 };
+        let known = if v.is_finite() { spread } else { 0.0 };
+        if x.is_some() {
+            known
+        } else {
+            NEUTRAL
+        }
+    }));
 }
 
 /// The queue an endpoint has now, as best kvroute knows: the scraped

@@ -5,7 +5,7 @@
 //! endpoint's `GET /v1/models` listed.
 
 use crate::endpoint::Endpoint;
-use crate::metrics::lora::{LoraSnapshot, MAX_LISTED};
+use crate::metrics::lora::{AdapterFit, AdapterId, LoraSnapshot, MAX_LISTED};
 use crate::metrics::scrape::ScrapeOutcome;
 use crate::metrics::MetricsSnapshot;
 use crate::models::served::{ServedModels, MAX_IDS};
@@ -17,6 +17,13 @@ use std::net::{IpAddr, SocketAddr};
 pub struct ScrapeState {
     /// Latest successfully read snapshot.
     pub snapshot: Option<MetricsSnapshot>,
+    /// The LoRA adapters that scrape listed (vLLM's
+    /// `vllm:lora_requests_info`, `metrics::lora`), when the engine reports
+    /// them; only with a snapshot, and as fresh as it. Kept beside the
+    /// snapshot, not in it: a decision copies the snapshot per candidate
+    /// and reads only an adapter request's fit of this (`AdapterFit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSnapshot>,
     /// When `snapshot` was taken (wall-clock ms).
     pub scraped_at_ms: u64,
     /// Failed scrapes since the last success.
@@ -36,6 +43,21 @@ impl ScrapeState {
     pub fn fresh(&self, now_ms: u64, stale_after_ms: u64) -> Option<MetricsSnapshot> {
         let age = now_ms.saturating_sub(self.scraped_at_ms);
         self.snapshot.filter(|_| age < stale_after_ms)
+    }
+
+    /// How the endpoint suits a request for `adapter`, by its adapters at
+    /// the last scrape if that is younger than `stale_after_ms` at `now_ms`
+    /// (unknown otherwise, and for a base-model request).
+    pub fn adapter_fit(
+        &self,
+        adapter: Option<AdapterId>,
+        now_ms: u64,
+        stale_after_ms: u64,
+    ) -> AdapterFit {
+        match (adapter, &self.lora) {
+            (Some(a), Some(l)) if self.fresh(now_ms, stale_after_ms).is_some() => l.fit(a),
+            _ => AdapterFit::Unknown,
+        }
     }
 
     /// Healthy unless `threshold` or more scrapes in a row failed.
@@ -77,10 +99,23 @@ impl EndpointStates {
             .collect()
     }
 
-    /// Records a successful scrape.
+    /// Records a successful scrape (of an engine that lists no LoRA
+    /// adapters).
     pub fn succeed(&mut self, endpoint: Endpoint, snapshot: MetricsSnapshot, now_ms: u64) {
+        self.succeed_with_lora(endpoint, snapshot, None, now_ms);
+    }
+
+    /// Records a successful scrape and the LoRA adapters it listed.
+    pub fn succeed_with_lora(
+        &mut self,
+        endpoint: Endpoint,
+        snapshot: MetricsSnapshot,
+        lora: Option<LoraSnapshot>,
+        now_ms: u64,
+    ) {
         let s = self.entry(endpoint);
         s.snapshot = Some(snapshot);
+        s.lora = lora;
         s.scraped_at_ms = now_ms;
         s.answered_at_ms = now_ms;
         s.failures = 0;
@@ -142,7 +177,7 @@ impl EndpointStates {
     /// Records one scrape's outcome.
     pub fn record(&mut self, endpoint: Endpoint, outcome: ScrapeOutcome, now_ms: u64) {
         match outcome {
-            ScrapeOutcome::Snapshot(s) => self.succeed(endpoint, s, now_ms),
+            ScrapeOutcome::Snapshot(s, lora) => self.succeed_with_lora(endpoint, s, lora, now_ms),
             ScrapeOutcome::Unreadable => self.reachable(endpoint, now_ms),
             ScrapeOutcome::Unreachable => {
                 self.fail(endpoint);
@@ -181,7 +216,8 @@ impl EndpointStates {
     /// (u16), then per entry the endpoint (4 + 4 bytes or 6 + 16 bytes, then
     /// the port), `scraped_at_ms` (u64), `answered_at_ms` (u64), `failures`
     /// (u32), a flag byte (bit 0: snapshot, 1: kv_usage, 2: kv_capacity_tokens,
-    /// 3: lora, 4: served) and the snapshot's fields present; `lora` is its
+    /// 3: lora, 4: served) and the snapshot's fields present; `lora` (the
+    /// state's, written only with a snapshot) is its
     /// three counts (u16) and the listed adapter ids (u32 each, running then
     /// waiting, as many as the counts capped at [`MAX_LISTED`]); `served`
     /// (after the snapshot) is `listed_at_ms` (u64), a count (u8, at most
@@ -210,8 +246,8 @@ impl EndpointStates {
                 running,
                 kv_usage,
                 kv_capacity_tokens,
-                lora,
             } = snap;
+            let lora = s.lora;
             out.push(
                 1 | u8::from(kv_usage.is_some()) << 1
                     | u8::from(kv_capacity_tokens.is_some()) << 2
@@ -349,6 +385,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             answered_at_ms: u64::from_le_bytes(next(r)?),
             failures: u32::from_le_bytes(next(r)?),
             snapshot: None,
+            lora: None,
             served: None,
         };
         let flags = next::<1>(r)?[0];
@@ -370,12 +407,10 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
                 } else {
                     None
                 },
-                lora: if flags & 8 != 0 {
-                    Some(decode_lora(r)?)
-                } else {
-                    None
-                },
             });
+            if flags & 8 != 0 {
+                s.lora = Some(decode_lora(r)?);
+            }
         } else if flags & 0x0f != 0 {
             return None;
         }
@@ -453,7 +488,7 @@ mod tests {
         let a = ep("10.0.0.1:8000");
         t.record(
             a,
-            ScrapeOutcome::Snapshot(MetricsSnapshot::default()),
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
             1_000,
         );
         for _ in 0..5 {
@@ -472,7 +507,7 @@ mod tests {
         let a = ep("10.0.0.1:8000");
         t.record(
             a,
-            ScrapeOutcome::Snapshot(MetricsSnapshot::default()),
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
             1_000,
         );
         assert_eq!(t.get(a).answered_at_ms, 1_000);
@@ -520,19 +555,19 @@ mod tests {
                 running: 0.5,
                 kv_usage: (i % 2 == 0).then_some(0.25),
                 kv_capacity_tokens: (i % 3 == 0).then_some(416_000),
-                // Every listing length, up to more adapters than are kept.
-                lora: (i % 7 != 0).then(|| {
-                    let names: Vec<String> = (0..i % 11).map(|k| format!("lora-{k}")).collect();
-                    let (run, wait) = names.split_at(names.len() / 2);
-                    LoraSnapshot::from_labels(&run.join(","), &wait.join(","), "4")
-                }),
             };
+            // Every listing length, up to more adapters than are kept.
+            let lora = (i % 7 != 0).then(|| {
+                let names: Vec<String> = (0..i % 11).map(|k| format!("lora-{k}")).collect();
+                let (run, wait) = names.split_at(names.len() / 2);
+                LoraSnapshot::from_labels(&run.join(","), &wait.join(","), "4")
+            });
             match i % 4 {
                 0 => {
                     t.fail(e);
                 }
                 1 => t.reachable(e, 5),
-                _ => t.succeed(e, snap, 1_000 + u64::from(i)),
+                _ => t.succeed_with_lora(e, snap, lora, 1_000 + u64::from(i)),
             }
             // Lists of every length (none, empty, up to the cap; past the
             // first 50, the one or two names a real pod lists), on every
@@ -595,6 +630,69 @@ mod tests {
         assert_eq!(b[count_at], 1);
         b[count_at] = MAX_IDS as u8 + 1;
         assert_eq!(EndpointStates::decode(&b), None);
+    }
+
+    #[test]
+    fn an_adapter_fits_by_the_fresh_scrape_only() {
+        use crate::metrics::lora::adapter_id;
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:8000");
+        let vllm = "vllm:num_requests_waiting 0\n\
+                    vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"sql\",waiting_lora_adapters=\"\"} 5\n";
+        let outcome =
+            crate::metrics::scrape::classify(Some(200), vllm.as_bytes(), &Default::default());
+        t.record(a, outcome, 1_000);
+        let (sql, fin) = (Some(adapter_id("sql")), Some(adapter_id("fin")));
+        let s = t.get(a);
+        assert_eq!(s.adapter_fit(sql, 1_500, 2_000), AdapterFit::Running);
+        assert_eq!(s.adapter_fit(fin, 1_500, 2_000), AdapterFit::Absent);
+        assert_eq!(s.adapter_fit(None, 1_500, 2_000), AdapterFit::Unknown);
+        assert_eq!(
+            s.adapter_fit(sql, 3_000, 2_000),
+            AdapterFit::Unknown,
+            "stale"
+        );
+        // A scrape without the gauge forgets the adapters.
+        t.record(
+            a,
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
+            4_000,
+        );
+        assert_eq!(t.get(a).adapter_fit(sql, 4_000, 2_000), AdapterFit::Unknown);
+    }
+
+    /// The bytes the build before issue 14's split (LoRA inside the
+    /// snapshot) wrote for these two entries: the LoRA adapters, now kept
+    /// beside the snapshot, keep their place and flag on the wire.
+    #[test]
+    fn the_lora_wire_layout_is_unchanged() {
+        const BEFORE: &str =
+            "4b564553030200040a000001401f07000000000000000700000000000000000000000b00\
+            00000000000040000000000000f03f000000000000e03f0100010002006d540f4509b4fb\
+            91040a000002401f09000000000000000900000000000000000000000500000000000000\
+            0000000000000008400010000000000000";
+        let before: Vec<u8> = (0..BEFORE.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&BEFORE[i..i + 2], 16).unwrap())
+            .collect();
+        let mut t = EndpointStates::default();
+        let snap = MetricsSnapshot {
+            waiting: 2.0,
+            running: 1.0,
+            kv_usage: Some(0.5),
+            kv_capacity_tokens: None,
+        };
+        let lora = LoraSnapshot::from_labels("sql", "fin", "2");
+        t.succeed_with_lora(ep("10.0.0.1:8000"), snap, Some(lora), 7);
+        let snap = MetricsSnapshot {
+            waiting: 0.0,
+            running: 3.0,
+            kv_usage: None,
+            kv_capacity_tokens: Some(4096),
+        };
+        t.succeed(ep("10.0.0.2:8000"), snap, 9);
+        assert_eq!(t.encode(), before);
+        assert_eq!(EndpointStates::decode(&before), Some(t));
     }
 
     #[test]

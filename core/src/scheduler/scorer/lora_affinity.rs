@@ -6,10 +6,10 @@
 //! LoRA-affinity scorer). Loading an adapter costs time on the engine, and
 //! an engine with every slot taken queues the request until one frees.
 //!
-//! **Formula** (`metrics::lora::LoraSnapshot::affinity`): running 1.0;
-//! else a free slot (adapters running + waiting < `max_lora`) 0.8; else
-//! waiting 0.6; else 0. No fresh snapshot, or an engine that does not
-//! report its adapters: 0.5 (neutral).
+//! **Formula** (`metrics::lora::LoraSnapshot::fit`, computed by the router
+//! into `Candidate::adapter_fit`): running 1.0; else a free slot (adapters
+//! running + waiting < `max_lora`) 0.8; else waiting 0.6; else 0. No fresh
+//! snapshot, or an engine that does not report its adapters: 0.5 (neutral).
 //!
 //! **Only adapter requests**: for every other request the scorer does not
 //! run and its weight does not count, so a base-model request is scored
@@ -51,20 +51,14 @@ impl Scorer for LoraAffinityScorer {
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
         out.clear();
-        let Some(adapter) = ctx.req.adapter else {
+        if ctx.req.adapter.is_none() {
             out.resize(kept.len(), NEUTRAL);
             return;
-        };
-        out.extend(kept.iter().map(|&i| {
-            match ctx.candidates[i]
-                .snapshot
-                .as_ref()
-                .and_then(|s| s.lora.as_ref())
-            {
-                Some(l) => l.affinity(adapter),
-                None => NEUTRAL,
-            }
-        }));
+        }
+        out.extend(
+            kept.iter()
+                .map(|&i| ctx.candidates[i].adapter_fit.score().unwrap_or(NEUTRAL)),
+        );
     }
 }
 
@@ -73,7 +67,7 @@ mod tests {
     use super::super::test_util::run;
     use super::*;
     use crate::config::SchedulingConfig;
-    use crate::metrics::lora::{adapter_id, LoraSnapshot};
+    use crate::metrics::lora::{adapter_id, AdapterFit, LoraSnapshot};
     use crate::scheduler::test_support::cand;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -89,8 +83,9 @@ mod tests {
             None,
         ];
         for (c, l) in cands.iter_mut().zip(lora) {
-            let s = c.snapshot.as_mut().unwrap();
-            s.lora = l.map(|(r, w, m)| LoraSnapshot::from_labels(r, w, m));
+            c.adapter_fit = l.map_or(AdapterFit::Unknown, |(r, w, m)| {
+                LoraSnapshot::from_labels(r, w, m).fit(adapter_id("sql"))
+            });
         }
         let req = RequestFacts {
             adapter: Some(adapter_id("sql")),
