@@ -81,9 +81,6 @@ pub fn pick(
     Some(near[rng.usize(..near.len())])
 }
 
-/// The rendezvous weight of `endpoint` for affinity key `key`: the same on
-/// every replica and every platform (the address's bytes, IPv4 as
-/// IPv4-mapped IPv6, hashed with the key as seed).
 /// The largest non-NaN value of `xs` (-inf if none): what
 /// `filter(!NaN).fold(-inf, f64::max)` gives, in four independent chains of
 /// plain comparisons instead of one chain of NaN-aware maxima (a decision
@@ -107,6 +104,9 @@ pub fn max_ignoring_nan(xs: &[f64]) -> f64 {
     best.into_iter().fold(f64::NEG_INFINITY, f64::max)
 }
 
+/// The rendezvous weight of `endpoint` for affinity key `key`: the same on
+/// every replica and every platform (the address's bytes, IPv4 as
+/// IPv4-mapped IPv6, hashed with the key as seed).
 pub fn rendezvous(key: u64, endpoint: &Endpoint) -> u64 {
     let mut bytes = [0u8; 22];
     let addr = endpoint.addr();
