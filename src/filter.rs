@@ -256,7 +256,7 @@ impl RequestFilter {
             for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
                 let _ = write!(
                     v,
-                    "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok; delays others {:.0})",
+                    "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok; delays {:.0} others {:.0})",
                     if i > 0 { "," } else { "" },
                     e,
                     p.ttft_ms,
@@ -265,6 +265,7 @@ impl RequestFilter {
                     p.ahead_tokens,
                     p.uncached_tokens,
                     p.ms_per_token,
+                    p.present,
                     p.others_delay_ms
                 );
             }

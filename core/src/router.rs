@@ -330,7 +330,16 @@ impl Router {
             // past their first byte if more.
             let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
             let running = c.snapshot.map_or(0.0, |s| s.running).max(f64::from(own));
-            predictions.push(self.ttft.predict(&c.endpoint, ahead, uncached, running));
+            // Held there (decoding or waiting): the engine's count, or
+            // kvroute's if more (sent since the scrape).
+            let present = c
+                .snapshot
+                .map_or(0.0, |s| s.running + s.waiting)
+                .max(f64::from(c.inflight.requests));
+            predictions.push(
+                self.ttft
+                    .predict(&c.endpoint, ahead, uncached, running, present),
+            );
         }
         predictions
     }
@@ -932,6 +941,54 @@ mod tests {
     }
 
     #[test]
+    fn ttft_charges_a_prefill_to_the_requests_waiting_there_too() {
+        // A pod busy prefilling: its requests wait, none decodes yet. They
+        // will decode while this request's prefill runs, so moving a prompt
+        // there delays them all; counting only decoding requests made such a
+        // pod look free and a saturated fleet re-prefilled prompts on it.
+        let mut r = ttft_router(2);
+        let mut rng = fastrand::Rng::with_seed(5);
+        let states = idle_states(&r, 0);
+        let prompt: Vec<u64> = (1..=64).collect(); // 4096 tokens
+        r.learn(ep(1), &prompt[..62], 0);
+        let waiting = |requests: u32, tokens: u64| InFlight {
+            requests,
+            tokens,
+            waiting: requests,
+            progress_ms: 0,
+        };
+        let decide = |r: &Router, other: InFlight, rng: &mut fastrand::Rng| {
+            r.decide(
+                &prompt,
+                4_096,
+                &states,
+                &OutlierTable::default(),
+                |e| {
+                    if e == ep(1) {
+                        waiting(3, 12_000)
+                    } else {
+                        other
+                    }
+                },
+                1,
+                rng,
+            )
+            .unwrap()
+        };
+        // The holder has 12k tokens queued, the other pod 2k from four
+        // requests: the first token would come sooner there (2000 + 4096
+        // tokens vs 12 000 + 128), but 4096 tokens of prefill delay its four.
+        let d = decide(&r, waiting(4, 2_000), &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        let other = d.predictions[1];
+        assert_eq!(other.present, 4.0);
+        assert!(other.others_delay_ms > 1_000.0, "{other:?}");
+        // An idle pod still takes it: nothing there to delay.
+        let d = decide(&r, InFlight::default(), &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
+    }
+
+    #[test]
     fn ttft_gives_a_hot_prefix_more_holders_then_balances_them() {
         let mut r = ttft_router(4);
         let mut rng = fastrand::Rng::with_seed(2);
@@ -1020,7 +1077,9 @@ mod tests {
             r.first_byte(ep(2), 4_000, 0.0, 20 + 400);
         }
         // A request with equal work ahead everywhere goes to the fast one,
-        // and keeps going there until its queue is ten times longer.
+        // and keeps going there until its queue is over ten times longer
+        // (the slow one's prefill also delays its waiting request ten times
+        // as much).
         let decide = |ahead1: u64, ahead2: u64, rng: &mut fastrand::Rng| {
             r.decide(
                 &[1, 2, 3],
@@ -1036,6 +1095,7 @@ mod tests {
         };
         assert_eq!(decide(1_000, 1_000, &mut rng), ep(2));
         assert_eq!(decide(1_000, 8_000, &mut rng), ep(2));
-        assert_eq!(decide(1_000, 14_000, &mut rng), ep(1));
+        assert_eq!(decide(1_000, 12_000, &mut rng), ep(2));
+        assert_eq!(decide(1_000, 16_000, &mut rng), ep(1));
     }
 }

@@ -13,6 +13,7 @@
 //!             + max(0, engine waiting - kvroute's waiting on e) x mean uncached tokens
 //! uncached(e) = prompt tokens - tokens of r's prefix e holds
 //! running(e)  = max(engine running, kvroute's requests past their first byte)
+//! present(e)  = max(engine running + engine waiting, kvroute's requests on e)
 //! TTFT(e)     = f(e) x (overhead + ms_per_token x (ahead(e) + uncached(e))
 //!                              + ms_per_running x running(e))
 //! ```
@@ -24,12 +25,18 @@
 //! ## The decision
 //!
 //! ```text
-//! cost(e) = TTFT(e) + f(e) x ms_per_token x uncached(e) x running(e)
+//! cost(e) = TTFT(e) + f(e) x ms_per_token x uncached(e) x present(e)
 //! ```
 //!
 //! The endpoint with the lowest cost wins. The second term is what this
-//! request's prefill costs the others: every request decoding on `e` waits
-//! for it, step after step. On an idle fleet it is zero and the rule is
+//! request's prefill costs the others: every request `e` holds waits for it,
+//! step after step. That is the ones decoding there, and the ones waiting
+//! for their own prefill too: they are ahead of this one, so they decode
+//! while its prefill runs. (Counting only the decoding ones undercounts a
+//! pod busy prefilling: few of its requests decode yet, and a saturated
+//! fleet then moved prompts onto it, each a re-prefill on a full engine:
+//! `bench/README.md`, saturation, TTFT p50 about 2x worse than with
+//! `present`.) On an idle fleet it is zero and the rule is
 //! plain lowest-TTFT: a long prefix stays on its holder until the holder's
 //! queue and decode load cost more than prefilling the prompt elsewhere;
 //! then the prefix gains a second holder and later requests balance over
@@ -227,8 +234,11 @@ pub struct Prediction {
     pub running: f64,
     /// What they add to the first token, ms.
     pub decode_ms: f64,
-    /// What this request's prefill delays the requests decoding there, in
-    /// total, ms (`uncached x ms_per_token x running`).
+    /// Requests there (running and waiting): each waits for this
+    /// request's prefill.
+    pub present: f64,
+    /// What this request's prefill delays the requests there, in total, ms
+    /// (`uncached x ms_per_token x present`).
     pub others_delay_ms: f64,
     /// What the decision minimises: `ttft_ms + others_delay_ms`.
     pub cost_ms: f64,
@@ -355,21 +365,24 @@ impl TtftModel {
     }
 
     /// The prediction for `endpoint` with `ahead` tokens of prefill before
-    /// this request's `uncached` ones, while `running` requests decode there.
+    /// this request's `uncached` ones, while `running` requests decode there
+    /// out of `present` it holds (running and waiting).
     pub fn predict(
         &self,
         endpoint: &Endpoint,
         ahead: f64,
         uncached: f64,
         running: f64,
+        present: f64,
     ) -> Prediction {
         let r = self.rates(endpoint);
         let ahead = ahead.max(0.0);
         let uncached = uncached.max(0.0);
         let running = running.max(0.0);
+        let present = present.max(running);
         let decode_ms = r.ms_per_running * running;
         let ttft_ms = r.overhead_ms + decode_ms + (ahead + uncached) * r.ms_per_token;
-        let others_delay_ms = uncached * r.ms_per_token * running;
+        let others_delay_ms = uncached * r.ms_per_token * present;
         Prediction {
             ttft_ms,
             ahead_tokens: ahead,
@@ -378,6 +391,7 @@ impl TtftModel {
             overhead_ms: r.overhead_ms,
             running,
             decode_ms,
+            present,
             others_delay_ms,
             cost_ms: ttft_ms + others_delay_ms,
         }
@@ -413,7 +427,7 @@ mod tests {
     #[test]
     fn unobserved_fleets_use_the_priors() {
         let m = model();
-        let p = m.predict(&ep(1), 1000.0, 500.0, 0.0);
+        let p = m.predict(&ep(1), 1000.0, 500.0, 0.0, 0.0);
         assert!((p.ttft_ms - (20.0 + 1500.0 * 0.1)).abs() < 1e-6, "{p:?}");
         assert_eq!(m.rates(&ep(1)).observations, 0);
     }
@@ -428,8 +442,8 @@ mod tests {
         assert!((r.ms_per_running - 3.0).abs() < 0.5, "{r:?}");
         // An endpoint never observed is taken at the fleet's rates: an idle
         // one beats a busy one for a short request.
-        let busy = m.predict(&ep(1), 0.0, 300.0, 20.0);
-        let idle = m.predict(&ep(3), 0.0, 300.0, 0.0);
+        let busy = m.predict(&ep(1), 0.0, 300.0, 20.0, 20.0);
+        let idle = m.predict(&ep(3), 0.0, 300.0, 0.0, 0.0);
         assert!(idle.ttft_ms + 50.0 < busy.ttft_ms, "{idle:?} {busy:?}");
         assert!((busy.decode_ms - 60.0).abs() < 10.0, "{busy:?}");
     }
@@ -455,9 +469,9 @@ mod tests {
     fn an_outlier_barely_moves_the_fit() {
         let mut m = model();
         teach(&mut m, 100, 1.0);
-        let before = m.predict(&ep(1), 0.0, 4000.0, 2.0).ttft_ms;
+        let before = m.predict(&ep(1), 0.0, 4000.0, 2.0, 2.0).ttft_ms;
         m.observe(ep(1), 4000, 2.0, 600_000); // ten minutes behind a stall
-        let after = m.predict(&ep(1), 0.0, 4000.0, 2.0).ttft_ms;
+        let after = m.predict(&ep(1), 0.0, 4000.0, 2.0, 2.0).ttft_ms;
         assert!(after < before * 1.5, "{before} -> {after}");
     }
 
@@ -506,7 +520,7 @@ mod tests {
         for v in [r.overhead_ms, r.ms_per_token, r.ms_per_running] {
             assert!(v.is_finite() && v >= 0.0, "{r:?}");
         }
-        let p = m.predict(&ep(1), f64::NAN, 1e12, 1e9);
+        let p = m.predict(&ep(1), f64::NAN, 1e12, 1e9, f64::NAN);
         assert!(!p.cost_ms.is_nan(), "{p:?}");
         m.routed(0);
         m.routed(u64::MAX);
