@@ -47,7 +47,6 @@ use log::debug;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::cell::RefCell;
-use std::fmt::Write;
 use std::rc::Rc;
 
 /// Per-request context.
@@ -239,39 +238,6 @@ impl RequestFilter {
         self.get_property(path.to_vec())
             .and_then(|v| String::from_utf8(v).ok())
     }
-
-    fn debug_value(&self) -> Option<String> {
-        let r = self.routed.as_ref()?;
-        let d = &r.decision;
-        let mut v = format!(
-            "endpoint={}; reason={:?}; matched={}/{}; scores=",
-            d.endpoint, d.reason, d.matched_blocks, r.total_blocks
-        );
-        for (i, (e, s)) in d.scores.iter().enumerate() {
-            let _ = write!(v, "{}{}={:.3}", if i > 0 { "," } else { "" }, e, s);
-        }
-        // predicted_ttft: each candidate's prediction and its parts.
-        if !d.predictions.is_empty() {
-            v.push_str("; ttft=");
-            for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
-                let _ = write!(
-                    v,
-                    "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok; delays {:.0} others {:.0})",
-                    if i > 0 { "," } else { "" },
-                    e,
-                    p.ttft_ms,
-                    p.overhead_ms,
-                    p.decode_ms,
-                    p.ahead_tokens,
-                    p.uncached_tokens,
-                    p.ms_per_token,
-                    p.present,
-                    p.others_delay_ms
-                );
-            }
-        }
-        Some(v)
-    }
 }
 
 impl Context for RequestFilter {}
@@ -393,7 +359,7 @@ impl HttpContext for RequestFilter {
             let status = self
                 .get_http_response_header(":status")
                 .and_then(|s| s.parse::<u16>().ok());
-            let endpoint = r.decision.endpoint;
+            let endpoint = r.endpoint;
             if let Some(status) = status {
                 // The clock is read only when passive health has news.
                 self.state
@@ -416,8 +382,8 @@ impl HttpContext for RequestFilter {
         }
         let name = self.state.borrow().config().debug_header.clone();
         if let Some(name) = name {
-            if let Some(value) = self.debug_value() {
-                self.set_http_response_header(&name, Some(&value));
+            if let Some(value) = self.routed.as_ref().and_then(|r| r.debug.as_deref()) {
+                self.set_http_response_header(&name, Some(value));
             }
         }
         Action::Continue
@@ -451,9 +417,7 @@ impl HttpContext for RequestFilter {
         }
         if let Some(r) = self.routed.take() {
             let unanswered = (!self.tokens_released).then_some(r.tokens);
-            self.state
-                .borrow_mut()
-                .finish(r.decision.endpoint, unanswered);
+            self.state.borrow_mut().finish(r.endpoint, unanswered);
         }
     }
 }

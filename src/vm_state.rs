@@ -21,23 +21,33 @@ use kvroute_core::scheduler::Decision;
 use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
+use kvroute_core::ttft::Prediction;
 use log::warn;
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 
 /// Endpoints listed after the choice for Envoy's retries (override_host).
 const FALLBACKS: usize = 2;
 
-/// The outcome of routing one request, kept by its HTTP context.
+/// The outcome of routing one request, kept by its HTTP context for the
+/// request's life (a stream can last minutes). Its size does not grow with
+/// the pool: the decision's per-candidate scores and predictions are
+/// dropped once the fallbacks and the debug value are taken from them (at
+/// 1024 endpoints they were ~40 KB, ~140 KB with `predicted_ttft`, per
+/// request in flight, in a linear memory that never shrinks).
 #[derive(Clone, Debug)]
 pub struct Routed {
-    /// The scheduler's decision.
-    pub decision: Decision,
+    /// The chosen endpoint.
+    pub endpoint: Endpoint,
+    /// Its predicted TTFT (`predicted_ttft` only): what the model learns
+    /// from when the first byte comes.
+    pub prediction: Option<Prediction>,
     /// Uncached prompt tokens added to the endpoint's in-flight count.
     pub tokens: u64,
-    /// Blocks of the prompt (for the debug header).
-    pub total_blocks: usize,
     /// Next-best endpoints for Envoy's retries (override_host handoff).
     pub fallbacks: Vec<Endpoint>,
+    /// The debug header's value, when `debug_header` is set.
+    pub debug: Option<String>,
     /// When it was routed (ms).
     pub at_ms: u64,
 }
@@ -45,13 +55,45 @@ pub struct Routed {
 impl Routed {
     /// The destination header value: the choice, then the fallbacks.
     pub fn header_value(&self) -> String {
-        let mut v = self.decision.endpoint.to_string();
+        let mut v = self.endpoint.to_string();
         for e in &self.fallbacks {
             v.push(',');
             v.push_str(&e.to_string());
         }
         v
     }
+}
+
+/// The debug header's value: the decision, every candidate's score and,
+/// with `predicted_ttft`, its prediction and the prediction's parts.
+fn debug_value(d: &Decision, total_blocks: usize) -> String {
+    let mut v = format!(
+        "endpoint={}; reason={:?}; matched={}/{}; scores=",
+        d.endpoint, d.reason, d.matched_blocks, total_blocks
+    );
+    for (i, (e, s)) in d.scores.iter().enumerate() {
+        let _ = write!(v, "{}{}={:.3}", if i > 0 { "," } else { "" }, e, s);
+    }
+    if !d.predictions.is_empty() {
+        v.push_str("; ttft=");
+        for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
+            let _ = write!(
+                v,
+                "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok; delays {:.0} others {:.0})",
+                if i > 0 { "," } else { "" },
+                e,
+                p.ttft_ms,
+                p.overhead_ms,
+                p.decode_ms,
+                p.ahead_tokens,
+                p.uncached_tokens,
+                p.ms_per_token,
+                p.present,
+                p.others_delay_ms
+            );
+        }
+    }
+    v
 }
 
 /// Per-VM state shared by the root context and every HTTP context of the VM.
@@ -298,11 +340,17 @@ impl VmState {
             Handoff::OverrideHost => Router::fallbacks(&decision, FALLBACKS),
             Handoff::OriginalDst => Vec::new(),
         };
+        let debug = self
+            .config()
+            .debug_header
+            .is_some()
+            .then(|| debug_value(&decision, blocks.len()));
         Some(Routed {
-            decision,
+            endpoint,
+            prediction: decision.prediction(),
             tokens,
-            total_blocks: blocks.len(),
             fallbacks,
+            debug,
             at_ms: now_ms,
         })
     }
@@ -327,7 +375,7 @@ impl VmState {
     /// prediction, it teaches the model (a non-streaming answer's first
     /// chunk comes with its last token and teaches nothing).
     pub fn first_chunk(&mut self, routed: &Routed, stream: bool, now_ms: u64) {
-        let (endpoint, tokens) = (routed.decision.endpoint, routed.tokens);
+        let (endpoint, tokens) = (routed.endpoint, routed.tokens);
         self.store
             .update_inflight(|t| t.first_chunk(endpoint, tokens, now_ms));
         self.learn_first_byte(routed, stream, now_ms);
@@ -338,7 +386,7 @@ impl VmState {
     /// end's in-flight updates in one write instead of two (`on_log`
     /// follows the last chunk at once, so nothing is left waiting longer).
     pub fn answered_and_finished(&mut self, routed: &Routed, stream: bool, answered_ms: u64) {
-        let (endpoint, tokens) = (routed.decision.endpoint, routed.tokens);
+        let (endpoint, tokens) = (routed.endpoint, routed.tokens);
         self.store.update_inflight(|t| {
             t.first_chunk(endpoint, tokens, answered_ms);
             t.finish(endpoint, None);
@@ -348,8 +396,8 @@ impl VmState {
 
     /// A stream's first chunk teaches the TTFT model (see `first_chunk`).
     fn learn_first_byte(&mut self, routed: &Routed, stream: bool, now_ms: u64) {
-        let endpoint = routed.decision.endpoint;
-        if let Some(p) = routed.decision.prediction().filter(|_| stream) {
+        let endpoint = routed.endpoint;
+        if let Some(p) = routed.prediction.filter(|_| stream) {
             let work = (p.ahead_tokens + p.uncached_tokens) as u64;
             self.router.first_byte(
                 endpoint,

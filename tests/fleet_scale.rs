@@ -28,8 +28,13 @@ fn scrapes(envoy: &Envoy) -> f64 {
         + envoy.stat("wasmcustom.kvroute.scrape.failure")
 }
 
+/// The two tests with a pool of 1024 run one at a time: each measures what
+/// the other's 1024-pod simulator and Envoy would disturb.
+static LARGE_POOL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_pool_of_1024_is_scraped_within_budget_and_every_snapshot_stays_fresh() {
+    let _one_at_a_time = LARGE_POOL.lock().unwrap_or_else(|e| e.into_inner());
     let sim = Sim::start(1024, &["--no-latency", "--threads", "1"]);
     let envoy = Envoy::start(
         &sim.endpoints(),
@@ -139,4 +144,76 @@ fn per_endpoint_stats_are_bounded_by_the_config() {
     assert!(none.is_empty(), "{none:?}");
     assert!(dropped > 0.0);
     assert_eq!(routed, 24.0);
+}
+
+/// Envoy's RSS growth while `n` requests are routed and held open (their
+/// pods answer only after 30 s): what a request in flight costs.
+fn rss_growth_with_requests_in_flight(pods: usize, n: usize) -> f64 {
+    use std::io::Write;
+    let sim = Sim::start(pods, &["--no-latency", "--threads", "1"]);
+    for i in 0..pods {
+        sim.fault(i, json!({ "extra_latency_ms": 30_000 }));
+    }
+    let envoy = Envoy::start(&sim.endpoints(), json!({}), 1);
+    // Every pod scraped at least once.
+    std::thread::sleep(Duration::from_secs(2));
+    let open = |n: usize, tag: &str| -> Vec<std::net::TcpStream> {
+        (0..n)
+            .map(|i| {
+                let body = json!({"model": "m", "prompt": format!("{tag} {i} held open"), "max_tokens": 1})
+                    .to_string();
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", envoy.port)).unwrap();
+                write!(
+                    s,
+                    "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+                s
+            })
+            .collect()
+    };
+    let routed = |want: f64| {
+        let t0 = Instant::now();
+        while envoy.stat("wasmcustom.kvroute.routed") < want {
+            assert!(t0.elapsed() < Duration::from_secs(20), "not routed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    // A first batch grows the heap to what connections and streams need;
+    // it is closed, then the measured batch opens as many again.
+    drop(open(n, "warm"));
+    routed(n as f64);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = envoy.rss_bytes() as f64;
+    let held = open(n, "held");
+    routed(2.0 * n as f64);
+    let after = envoy.rss_bytes() as f64;
+    drop(held);
+    after - before
+}
+
+#[test]
+fn a_request_in_flight_costs_the_same_in_a_large_pool_as_in_a_small_one() {
+    // The routed request's state is kept for its whole life (a stream can
+    // last minutes). It used to keep the whole decision: every candidate's
+    // score, ~40 bytes per endpoint, so 300 requests held at 1024
+    // endpoints cost ~12 MB more than at 8, in a linear memory that never
+    // shrinks. Now only the choice and its fallbacks are kept.
+    let _one_at_a_time = LARGE_POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 300;
+    let small = rss_growth_with_requests_in_flight(8, n);
+    let large = rss_growth_with_requests_in_flight(1024, n);
+    eprintln!(
+        "RSS growth with {n} requests in flight: 8 endpoints {:.1} MiB, 1024 endpoints {:.1} MiB",
+        small / 1048576.0,
+        large / 1048576.0
+    );
+    assert!(
+        large - small < 4.0 * 1048576.0,
+        "a request in flight grows with the pool: {:.1} vs {:.1} MiB",
+        large / 1048576.0,
+        small / 1048576.0
+    );
 }
