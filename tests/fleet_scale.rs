@@ -217,3 +217,33 @@ fn a_request_in_flight_costs_the_same_in_a_large_pool_as_in_a_small_one() {
         small / 1048576.0
     );
 }
+
+#[test]
+fn the_debug_header_stays_small_in_a_large_pool() {
+    // It listed every candidate: at 1024 endpoints with predicted_ttft a
+    // 128 KB header, which HTTP clients refuse (this one caps headers at
+    // 64 KiB). It lists the chosen one and the best others.
+    let _one_at_a_time = LARGE_POOL.lock().unwrap_or_else(|e| e.into_inner());
+    let sim = Sim::start(1024, &["--no-latency", "--threads", "1"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({ "debug_header": "x-kvroute-debug", "scheduling": {"profile": "predicted_ttft"} }),
+        1,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let r = post_json(
+        &envoy.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "fleet scale", "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let debug = r.header("x-kvroute-debug").unwrap_or_default().to_owned();
+    let scores = debug.split("; scores=").nth(1).unwrap_or_default();
+    let listed = scores
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .count();
+    assert_eq!(listed, 8, "{debug}");
+    assert!(debug.len() < 4096, "{} bytes", debug.len());
+}

@@ -141,6 +141,12 @@ impl Reason {
     }
 }
 
+/// Scores a [`Decision`] keeps: the chosen candidate's and the best
+/// others' (all of them in a pool this small). Enough for the fallbacks
+/// and the debug header; a decision over 1024 endpoints would otherwise
+/// copy 1024 scores (and predictions) that nothing reads.
+pub const SCORES_KEPT: usize = 8;
+
 /// The outcome of scheduling one request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
@@ -150,9 +156,9 @@ pub struct Decision {
     pub reason: Reason,
     /// Leading blocks the chosen endpoint holds.
     pub matched_blocks: usize,
-    /// Final weighted score of each scored candidate (those that passed the
-    /// filters), in candidate order; with `predicted_ttft`, minus the
-    /// predicted TTFT in ms.
+    /// Final weighted score of the chosen candidate and of the best others
+    /// that passed the filters, at most [`SCORES_KEPT`], in candidate order;
+    /// with `predicted_ttft`, minus the predicted TTFT in ms.
     pub scores: Vec<(Endpoint, f64)>,
     /// Each scored candidate's predicted TTFT, in the order of `scores`
     /// (`predicted_ttft` profile only; empty otherwise).
@@ -313,10 +319,12 @@ impl Scheduler {
         } else {
             Reason::Load
         };
-        let mut scores = Vec::with_capacity(kept.len());
+        let shown = best_scored(&total, |p| candidates[kept[p]].endpoint, k);
+        let mut scores = Vec::with_capacity(shown.len());
         let mut chosen_predictions = Vec::new();
-        for (&i, &s) in kept.iter().zip(&total) {
-            scores.push((candidates[i].endpoint, s));
+        for p in shown {
+            let i = kept[p];
+            scores.push((candidates[i].endpoint, total[p]));
             if predicted {
                 chosen_predictions.extend(predictions.get(i).copied());
             }
@@ -329,6 +337,40 @@ impl Scheduler {
             predictions: chosen_predictions,
         })
     }
+}
+
+/// Positions (into `total`, ascending) of `chosen` and of the best others
+/// by score, then address (the order `Router::fallbacks` ranks them in), at
+/// most [`SCORES_KEPT`] in all. One pass: an entry not better than the
+/// worst of the best so far costs one comparison.
+fn best_scored(total: &[f64], endpoint: impl Fn(usize) -> Endpoint, chosen: usize) -> Vec<usize> {
+    if total.len() <= SCORES_KEPT {
+        return (0..total.len()).collect();
+    }
+    let better = |a: usize, b: usize| {
+        total[a]
+            .total_cmp(&total[b])
+            .reverse()
+            .then_with(|| endpoint(a).cmp(&endpoint(b)))
+            .is_lt()
+    };
+    let mut best: Vec<usize> = Vec::with_capacity(SCORES_KEPT);
+    for p in (0..total.len()).filter(|&p| p != chosen) {
+        if best.len() == SCORES_KEPT - 1 {
+            if !better(p, best[SCORES_KEPT - 2]) {
+                continue;
+            }
+            best.pop();
+        }
+        let at = best
+            .iter()
+            .position(|&b| better(p, b))
+            .unwrap_or(best.len());
+        best.insert(at, p);
+    }
+    best.push(chosen);
+    best.sort_unstable();
+    best
 }
 
 impl Scheduler {
@@ -383,6 +425,62 @@ mod tests {
     use crate::config::{Profile, Weights};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_large_pool_keeps_the_chosen_and_the_best_scores_in_candidate_order() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let ep = |p: usize| cand(p % 200).endpoint;
+        for round in 0..500 {
+            let n = rng.usize(1..60);
+            // Few distinct values (ties), some NaN.
+            let total: Vec<f64> = (0..n)
+                .map(|_| match rng.u8(0..10) {
+                    0 => f64::NAN,
+                    v => f64::from(v % 4),
+                })
+                .collect();
+            let chosen = rng.usize(..n);
+            let got = best_scored(&total, ep, chosen);
+            assert!(got.contains(&chosen), "round {round}");
+            assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+            assert_eq!(got.len(), n.min(SCORES_KEPT), "round {round}");
+            // The others are the best by score then address, as the
+            // fallbacks rank them over every score.
+            let rank = |v: &mut Vec<usize>| {
+                v.sort_by(|&a, &b| total[b].total_cmp(&total[a]).then(ep(a).cmp(&ep(b))))
+            };
+            let mut all: Vec<usize> = (0..n).filter(|&p| p != chosen).collect();
+            rank(&mut all);
+            let mut others: Vec<usize> = got.iter().copied().filter(|&p| p != chosen).collect();
+            rank(&mut others);
+            assert_eq!(others, all[..others.len()], "round {round}: {total:?}");
+        }
+    }
+
+    #[test]
+    fn a_decision_over_a_large_pool_names_at_most_the_kept_scores() {
+        let cands: Vec<Candidate> = (0..40)
+            .map(|i| {
+                let mut c = cand(i);
+                c.inflight.requests = (i % 4) as u32;
+                c
+            })
+            .collect();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let d = sched(Profile::Weighted)
+            .pick(&req(4), &cands, &mut rng)
+            .unwrap();
+        assert_eq!(d.scores.len(), SCORES_KEPT);
+        assert!(d.scores.iter().any(|(e, _)| *e == d.endpoint));
+        let best = d.scores.iter().map(|s| s.1).fold(f64::MIN, f64::max);
+        // Idle candidates (0, 4, 8, ...: ten of them) score best: seven
+        // are kept beside the chosen one (a cold pick: any within the
+        // margin).
+        for (e, s) in d.scores.iter().filter(|(e, _)| *e != d.endpoint) {
+            let i = cands.iter().position(|c| c.endpoint == *e).unwrap();
+            assert_eq!(i % 4, 0, "{e}: {s} (best {best})");
+        }
+    }
 
     fn sched(profile: Profile) -> Scheduler {
         Scheduler::new(&SchedulingConfig {
