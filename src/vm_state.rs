@@ -28,6 +28,8 @@ use std::fmt::Write as _;
 
 /// Endpoints listed after the choice for Envoy's retries (override_host).
 const FALLBACKS: usize = 2;
+// The fallbacks come from the scores a decision keeps.
+const _: () = assert!(FALLBACKS < kvroute_core::scheduler::SCORES_KEPT);
 
 /// The outcome of routing one request, kept by its HTTP context for the
 /// request's life (a stream can last minutes). Its size does not grow with
