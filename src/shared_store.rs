@@ -372,7 +372,9 @@ impl SharedStore {
 
     /// Entries appended since `cursor` (by any VM), advancing it. An entry
     /// reserved but not yet written stops the read; it is retried next time.
-    pub fn read_log(&self, cursor: &mut LogCursor) -> LogRead {
+    /// Entries `own` says this VM wrote are skipped unread: it learnt them
+    /// when it made them.
+    pub fn read_log(&self, cursor: &mut LogCursor, own: impl Fn(u64) -> bool) -> LogRead {
         let snapshot = self.head_snapshot();
         let head = snapshot.value;
         let mut read = LogRead {
@@ -388,6 +390,10 @@ impl SharedStore {
             cursor.next = oldest;
         }
         while cursor.next < head {
+            if own(cursor.next) {
+                cursor.next += 1;
+                continue;
+            }
             let key = format!("{}{}", self.log_slot, slot_of(cursor.next, self.log_slots));
             match get(&key).0.and_then(|v| LogEntry::decode(&v)) {
                 Some(e) if e.seq == cursor.next => read.entries.push(e),

@@ -169,14 +169,15 @@ impl VmState {
     /// Replays other workers' decisions into the local router; returns
     /// the log head as read (an append right after uses it).
     pub fn replay_log(&mut self) -> Option<Snapshot<u64>> {
-        let read = self.store.read_log(&mut self.cursor);
+        let own = &self.own_seqs;
+        let read = self
+            .store
+            .read_log(&mut self.cursor, |seq| own.contains(&seq));
         for _ in 0..read.lost {
             self.stats.inc(Counter::LogLost);
         }
         for entry in read.entries {
-            if !self.own_seqs.remove(&entry.seq) {
-                self.learn(entry.endpoint, entry.blocks, entry.at_ms);
-            }
+            self.learn(entry.endpoint, entry.blocks, entry.at_ms);
         }
         // Own entries the ring lost are never seen again: keep the set bounded.
         let next = self.cursor.next;
