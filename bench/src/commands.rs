@@ -14,8 +14,8 @@ use crate::experiment::{run_one, Experiment, RunResult};
 use crate::gateway::{Arm, Topology};
 use crate::procs::{SimSettings, Tools};
 use crate::report::{cost_table, machine, table, write_json, ResultsFile};
-use crate::router_under_test::{ensure_sglang, RouterKind};
-use crate::runner::RunSettings;
+use crate::router_under_test::{ensure_sglang, merge_json, RouterKind};
+use crate::runner::{RunSettings, DEBUG_HEADER};
 use crate::trace::Trace;
 use crate::workload::saturation::{Capacity, Fleet};
 use crate::workload::{Workload, WorkloadArgs};
@@ -70,6 +70,13 @@ pub struct FleetArgs {
     /// configuration, e.g. `'{"scheduling":{"cold_margin":0}}'`: tune and compare.
     #[arg(long, value_parser = parse_json_object)]
     pub kvroute_config: Option<serde_json::Value>,
+    /// Directory for one decisions log per kvroute row (`<workload>-<router>.tsv`):
+    /// each request's start, TTFT and E2E (simulated ms), answering pod and
+    /// kvroute's debug header (its decision, the best candidates' scores and,
+    /// with `predicted_ttft`, their predictions). Turns `debug_header` on in
+    /// every kvroute variant.
+    #[arg(long)]
+    pub decisions_log: Option<PathBuf>,
     /// Per-request timeout, wall seconds.
     #[arg(long, default_value_t = 300)]
     pub request_timeout_s: u64,
@@ -168,7 +175,18 @@ impl FleetArgs {
             },
             engine: self.engine.clone(),
             envoy_workers: self.envoy_workers,
-            kvroute_config: self.kvroute_config.clone(),
+            kvroute_config: match &self.decisions_log {
+                Some(_) => {
+                    let mut c = self
+                        .kvroute_config
+                        .clone()
+                        .unwrap_or_else(|| serde_json::json!({}));
+                    merge_json(&mut c, &serde_json::json!({ "debug_header": DEBUG_HEADER }));
+                    Some(c)
+                }
+                None => self.kvroute_config.clone(),
+            },
+            decisions_log: self.decisions_log.clone(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! the runs of a comparison differ only by the router.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -16,7 +17,7 @@ use crate::gateway_cost::{kvroute_counters, CostProbe, GatewayCost};
 use crate::measure::{cdf, imbalance, LatencyRecorder, Percentiles};
 use crate::pod_metrics::{read_counters, PodCounters, QueuePoller};
 use crate::procs::{SimSettings, Tools};
-use crate::runner::{run, RunSettings};
+use crate::runner::{run, Exchange, RunSettings};
 use crate::theory::{theoretical_max, RequestBlocks};
 use crate::trace::Trace;
 
@@ -138,6 +139,8 @@ pub struct Experiment {
     pub envoy_workers: usize,
     /// Merged into every kvroute variant's configuration (`--kvroute-config`).
     pub kvroute_config: Option<serde_json::Value>,
+    /// Where each kvroute row's decisions log goes (`--decisions-log`).
+    pub decisions_log: Option<PathBuf>,
 }
 
 /// Runs `trace` through `arm` (a router, alone or replicated) against freshly
@@ -197,6 +200,14 @@ pub async fn run_one(
     let exchanges = run(&gw.url, trace, &e.run, &pb).await?;
     let wall = t0.elapsed();
     pb.finish();
+    if let (Some(dir), true) = (&e.decisions_log, kvroute) {
+        write_decisions(
+            dir,
+            &format!("{label}-{}", arm.name()),
+            &exchanges,
+            e.run.time_scale,
+        )?;
+    }
     let completed = exchanges.iter().filter(|x| x.error.is_none()).count();
     let peak_queue = poller.finish().await;
     let cost = probe.finish(&gw, completed).await;
@@ -299,4 +310,29 @@ pub async fn run_one(
         cost: Some(cost),
         ttft_cdf: cdf(&ttft_samples, 200),
     })
+}
+
+/// Writes one row's decisions log: a header line, then one tab-separated
+/// line per request in start order (failed requests have an empty TTFT).
+fn write_decisions(dir: &Path, stem: &str, exchanges: &[Exchange], time_scale: f64) -> Result<()> {
+    use std::fmt::Write as _;
+    std::fs::create_dir_all(dir)?;
+    let mut out = String::from("session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tdecision\n");
+    for x in exchanges {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{:.1}\t{}\t{:.1}\t{}\t{}",
+            x.session,
+            x.step,
+            x.started.as_secs_f64() * 1000.0 / time_scale,
+            x.ttft_ms.map(|t| format!("{t:.1}")).unwrap_or_default(),
+            x.e2e_ms,
+            x.pod.map(|p| p.to_string()).unwrap_or_default(),
+            x.decision.as_deref().unwrap_or(""),
+        );
+    }
+    let path = dir.join(format!("{stem}.tsv"));
+    std::fs::write(&path, out)?;
+    eprintln!("decisions: {}", path.display());
+    Ok(())
 }

@@ -55,6 +55,9 @@ pub struct Exchange {
     pub error: Option<String>,
     /// Pod that answered (`x-kvroute-sim-pod`), when the router passes it through.
     pub pod: Option<usize>,
+    /// kvroute's debug header (its decision), when the run asked for it
+    /// (`matrix --decisions-log`).
+    pub decision: Option<String>,
     /// Block keys of the prompt and prompt + answer (theoretical maximum).
     pub blocks: RequestBlocks,
 }
@@ -72,7 +75,12 @@ pub struct Answer {
     pub tokens: u64,
     /// Pod that answered (`x-kvroute-sim-pod`).
     pub pod: Option<usize>,
+    /// kvroute's debug header ([`DEBUG_HEADER`]), when configured.
+    pub decision: Option<String>,
 }
+
+/// The debug header a run with `matrix --decisions-log` configures.
+pub const DEBUG_HEADER: &str = "x-kvroute-debug";
 
 async fn complete(
     client: &reqwest::Client,
@@ -110,6 +118,11 @@ pub async fn complete_as(
         .get("x-kvroute-sim-pod")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
+    let decision = resp
+        .headers()
+        .get(DEBUG_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if !status.is_success() {
         let text = resp.text().await.unwrap_or_default();
         anyhow::bail!(
@@ -122,6 +135,7 @@ pub async fn complete_as(
         text: String::new(),
         tokens: 0,
         pod,
+        decision,
     };
     let mut usage_tokens = None;
     let mut buf: Vec<u8> = Vec::new();
@@ -203,6 +217,7 @@ async fn run_session(
                     output_tokens: ans.tokens,
                     error: None,
                     pod: ans.pod,
+                    decision: ans.decision,
                     blocks: RequestBlocks::new(&history, &ans.text, s.block_size),
                 });
                 history.push_str(&ans.text);
@@ -221,6 +236,7 @@ async fn run_session(
                     output_tokens: 0,
                     error: Some(error),
                     pod: None,
+                    decision: None,
                     blocks: RequestBlocks::new(&history, "", s.block_size),
                 });
                 // The rest of the conversation depends on this answer: count it as failed.
