@@ -237,8 +237,8 @@ impl Scheduler {
 
         let predicted = self.config.profile == crate::config::Profile::PredictedTtft;
         let total = if predicted {
-            // Lower predicted cost (TTFT plus what its prefill costs the
-            // queue behind it) is better; no prediction comes last.
+            // Lower predicted cost (TTFT plus what its prefill delays the
+            // requests on the endpoint) is better; no prediction comes last.
             kept.iter()
                 .map(|&i| predictions.get(i).map_or(f64::MIN, |p| -p.cost_ms))
                 .collect()
