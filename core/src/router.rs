@@ -870,15 +870,20 @@ mod tests {
         Router::new(c)
     }
 
-    /// `tokens` of prefill in flight, as one waiting request (none for 0).
-    fn work(tokens: u64) -> InFlight {
-        let n = u32::from(tokens > 0);
+    /// `requests` in flight, all waiting for their first byte, with
+    /// `tokens` of prefill between them.
+    fn waiting(requests: u32, tokens: u64) -> InFlight {
         InFlight {
-            requests: n,
+            requests,
             tokens,
-            waiting: n,
+            waiting: requests,
             progress_ms: 0,
         }
+    }
+
+    /// `tokens` of prefill in flight, as one waiting request (none for 0).
+    fn work(tokens: u64) -> InFlight {
+        waiting(u32::from(tokens > 0), tokens)
     }
 
     #[test]
@@ -951,12 +956,6 @@ mod tests {
         let states = idle_states(&r, 0);
         let prompt: Vec<u64> = (1..=64).collect(); // 4096 tokens
         r.learn(ep(1), &prompt[..62], 0);
-        let waiting = |requests: u32, tokens: u64| InFlight {
-            requests,
-            tokens,
-            waiting: requests,
-            progress_ms: 0,
-        };
         let decide = |r: &Router, other: InFlight, rng: &mut fastrand::Rng| {
             r.decide(
                 &prompt,

@@ -319,7 +319,7 @@ impl Scheduler {
         } else {
             Reason::Load
         };
-        let shown = best_scored(&total, |p| candidates[kept[p]].endpoint, k);
+        let shown = best_scored(&total, k);
         let mut scores = Vec::with_capacity(shown.len());
         let mut chosen_predictions = Vec::new();
         for p in shown {
@@ -340,20 +340,18 @@ impl Scheduler {
 }
 
 /// Positions (into `total`, ascending) of `chosen` and of the best others
-/// by score, then address (the order `Router::fallbacks` ranks them in), at
-/// most [`SCORES_KEPT`] in all. One pass: an entry not better than the
-/// worst of the best so far costs one comparison.
-fn best_scored(total: &[f64], endpoint: impl Fn(usize) -> Endpoint, chosen: usize) -> Vec<usize> {
+/// by score, ties to the earlier, at most [`SCORES_KEPT`] in all. The
+/// router's candidates follow the sorted pool, so that is the order
+/// `Router::fallbacks` ranks them in (score, then address). One pass: an
+/// entry not better than the worst of the best so far (a tie included)
+/// costs one comparison.
+fn best_scored(total: &[f64], chosen: usize) -> Vec<usize> {
     if total.len() <= SCORES_KEPT {
         return (0..total.len()).collect();
     }
-    let better = |a: usize, b: usize| {
-        total[a]
-            .total_cmp(&total[b])
-            .reverse()
-            .then_with(|| endpoint(a).cmp(&endpoint(b)))
-            .is_lt()
-    };
+    // Positions are visited in order: a later one beats an earlier one only
+    // with a strictly higher score.
+    let better = |a: usize, b: usize| total[a].total_cmp(&total[b]).is_gt();
     let mut best: Vec<usize> = Vec::with_capacity(SCORES_KEPT);
     for p in (0..total.len()).filter(|&p| p != chosen) {
         if best.len() == SCORES_KEPT - 1 {
@@ -429,7 +427,8 @@ mod tests {
     #[test]
     fn a_large_pool_keeps_the_chosen_and_the_best_scores_in_candidate_order() {
         let mut rng = fastrand::Rng::with_seed(11);
-        let ep = |p: usize| cand(p % 200).endpoint;
+        // Candidates in address order, as the router builds them.
+        let ep = |p: usize| cand(p).endpoint;
         for round in 0..500 {
             let n = rng.usize(1..60);
             // Few distinct values (ties), some NaN.
@@ -440,7 +439,7 @@ mod tests {
                 })
                 .collect();
             let chosen = rng.usize(..n);
-            let got = best_scored(&total, ep, chosen);
+            let got = best_scored(&total, chosen);
             assert!(got.contains(&chosen), "round {round}");
             assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
             assert_eq!(got.len(), n.min(SCORES_KEPT), "round {round}");
