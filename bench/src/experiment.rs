@@ -336,3 +336,48 @@ fn write_decisions(dir: &Path, stem: &str, exchanges: &[Exchange], time_scale: f
     eprintln!("decisions: {}", path.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exchange(step: usize, ttft_ms: Option<f64>, decision: Option<&str>) -> Exchange {
+        Exchange {
+            session: 3,
+            step,
+            started: Duration::from_millis(10),
+            ttft_ms,
+            e2e_ms: 120.0,
+            output_tokens: 4,
+            error: ttft_ms.is_none().then(|| "HTTP 503".to_owned()),
+            pod: ttft_ms.map(|_| 1),
+            decision: decision.map(str::to_owned),
+            blocks: RequestBlocks::new("", "", 16),
+        }
+    }
+
+    #[test]
+    fn the_decisions_log_has_one_line_per_request_in_simulated_ms() {
+        let dir = std::env::temp_dir().join(format!("kvroute-decisions-{}", std::process::id()));
+        let rows = [
+            exchange(0, Some(50.0), Some("endpoint=127.0.0.1:1; reason=Cold")),
+            exchange(1, None, None),
+        ];
+        write_decisions(&dir, "chat-kvroute", &rows, 0.25).unwrap();
+        let text = std::fs::read_to_string(dir.join("chat-kvroute.tsv")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tdecision"
+        );
+        // 10 wall ms at time scale 0.25 is 40 simulated ms.
+        assert_eq!(
+            lines[1],
+            "3\t0\t40.0\t50.0\t120.0\t1\tendpoint=127.0.0.1:1; reason=Cold"
+        );
+        // A failed request: no TTFT, no pod, no decision.
+        assert_eq!(lines[2], "3\t1\t40.0\t\t120.0\t\t");
+        assert_eq!(lines.len(), 3);
+    }
+}
