@@ -244,10 +244,9 @@ impl VmState {
         // Stalls are counted and logged here, once a tick; each decision
         // checks them itself.
         if self.config().failover.stall_after_ms > 0 {
-            let inflight = self.store.inflight();
-            let stalled = self
-                .router
-                .stalled(&self.states, |e| inflight.get(&e), now_ms);
+            let table = self.store.inflight();
+            let inflight = table.lookup();
+            let stalled = self.router.stalled(&self.states, |e| inflight(&e), now_ms);
             self.note_stalls(stalled);
         }
     }
@@ -283,25 +282,29 @@ impl VmState {
         // Read with its CAS token: the update after the decision is then
         // one write when no other worker changed the table meanwhile.
         let snapshot = self.store.inflight_snapshot();
-        let inflight = &snapshot.value;
-        let peer_load = &self.peer_load;
-        let decision = self.router.decide_in(
-            scope,
-            prompt,
-            prompt_tokens,
-            &self.states,
-            &self.outliers,
-            // Other replicas' requests load the pods as much as this one's.
-            |e| {
-                let mut f = inflight.get(&e);
-                let (requests, tokens) = peer_load.get(&e);
-                f.requests = f.requests.saturating_add(requests);
-                f.tokens = f.tokens.saturating_add(tokens);
-                f
-            },
-            now_ms,
-            &mut self.rng,
-        )?;
+        let decision = {
+            // Both read in pool order: each lookup resumes where the last
+            // one stopped.
+            let inflight = snapshot.value.lookup();
+            let peer_load = self.peer_load.lookup();
+            self.router.decide_in(
+                scope,
+                prompt,
+                prompt_tokens,
+                &self.states,
+                &self.outliers,
+                // Other replicas' requests load the pods as much as this one's.
+                |e| {
+                    let mut f = inflight(&e);
+                    let (requests, tokens) = peer_load(&e);
+                    f.requests = f.requests.saturating_add(requests);
+                    f.tokens = f.tokens.saturating_add(tokens);
+                    f
+                },
+                now_ms,
+                &mut self.rng,
+            )?
+        };
         let endpoint = decision.endpoint;
         let tokens = self.router.uncached_tokens(&decision, prompt_tokens);
         if request.is_some() {

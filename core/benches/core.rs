@@ -15,7 +15,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvroute_core::config::{Config, MetricsConfig, PrefixConfig};
 use kvroute_core::endpoint::Endpoint;
-use kvroute_core::inflight::InFlight;
+use kvroute_core::inflight::InFlightTable;
 use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
 use kvroute_core::outlier::OutlierTable;
 use kvroute_core::prefix::{block_hashes, seed, PrefixIndex};
@@ -247,11 +247,14 @@ fn bench_decide(c: &mut Criterion) {
         }
         let mut request = resident[n / 2][..REQUEST_BLOCKS / 2].to_vec();
         request.extend(conversation(&mut rng, REQUEST_BLOCKS / 2));
-        let inflight = |e: Endpoint| InFlight {
-            requests: u32::from(e.addr().port() % 3 == 0),
-            tokens: 0,
-            ..InFlight::default()
-        };
+        // Work on every third endpoint, read the way the filter reads it:
+        // from the in-flight table (sorted by endpoint, busy ones only).
+        let mut table = InFlightTable::new();
+        for e in (0..n).filter(|e| e % 3 == 0) {
+            table.add(endpoint(e), 0, now);
+            table.first_chunk(endpoint(e), 0, now);
+        }
+        let inflight = table.lookup();
         let mut pick_rng = fastrand::Rng::with_seed(23);
         router
             .decide(
@@ -259,7 +262,7 @@ fn bench_decide(c: &mut Criterion) {
                 4096,
                 &states,
                 &OutlierTable::default(),
-                inflight,
+                |e| inflight(&e),
                 now,
                 &mut pick_rng,
             )
@@ -271,7 +274,7 @@ fn bench_decide(c: &mut Criterion) {
                     4096,
                     &states,
                     &OutlierTable::default(),
-                    inflight,
+                    |e| inflight(&e),
                     now,
                     &mut pick_rng,
                 )

@@ -38,6 +38,7 @@
 //! [`InFlightTable::decode`] rejects anything else (`None`), never panics.
 
 use crate::endpoint::Endpoint;
+use crate::sorted_lookup::SortedLookup;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -83,6 +84,14 @@ impl InFlightTable {
             Ok(i) => self.entries[i].1,
             Err(_) => InFlight::default(),
         }
+    }
+
+    /// [`Self::get`] for a walk over endpoints in ascending order (a
+    /// decision's walk over the pool): each lookup resumes where the last
+    /// one stopped (`sorted_lookup`); any order is still answered right.
+    pub fn lookup(&self) -> impl Fn(&Endpoint) -> InFlight + '_ {
+        let cursor = SortedLookup::new(&self.entries, |(e, _)| e);
+        move |e| cursor.get(e).map_or_else(InFlight::default, |(_, v)| *v)
     }
 
     /// Endpoints with outstanding work, in endpoint order.

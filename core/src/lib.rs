@@ -37,5 +37,6 @@ pub mod router;
 pub mod saturation;
 pub mod scheduler;
 pub mod shared;
+pub mod sorted_lookup;
 pub mod stall;
 pub mod ttft;

@@ -17,7 +17,7 @@ use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, PrefixMatch, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
-use crate::stall;
+use crate::stall::{self, StallCheck};
 use crate::ttft::{Prediction, TtftModel};
 use hashbrown::HashMap;
 
@@ -238,7 +238,17 @@ impl Router {
         let metrics = &self.config.metrics;
         // A large pool is scraped less often: staleness follows its period.
         let stale_after = schedule::stale_after_ms(metrics, self.pool.len());
-        let stalled = self.stalled(states, &inflight, now_ms);
+        let stall_after = self.config.failover.stall_after_ms;
+        let stall = StallCheck::new(
+            self.pool.len(),
+            now_ms,
+            stall_after,
+            schedule::silence_after_ms(stall_after, metrics, self.pool.len()),
+        );
+        // Stall detection in the same walk (`stall.rs`): candidates that
+        // are suspects, and whether any pool endpoint is alive otherwise.
+        let mut suspects: Vec<usize> = Vec::new();
+        let mut others_alive = false;
         let adapter = match scope {
             Scope::Model { adapter, .. } => adapter,
             Scope::All => None,
@@ -270,21 +280,31 @@ impl Router {
                 }
             };
             let m = matched.next_if(|(k, _)| *k == i).map(|(_, m)| m);
+            let load = inflight(endpoint);
+            let suspect = stall.is_some_and(|s| s.suspect(&load, state.answered_at_ms));
+            others_alive |= stall.is_some_and(|s| !suspect && !s.silent(state.answered_at_ms));
             if !self.serves(scope, endpoint, state) {
                 continue;
+            }
+            if suspect {
+                suspects.push(candidates.len());
             }
             candidates.push(Candidate {
                 endpoint,
                 snapshot: state.fresh(now_ms, stale_after),
                 adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
                 healthy: state.healthy(metrics.unhealthy_after_failures)
-                    && !outliers.ejected(endpoint, now_ms)
-                    && !stalled.contains(&endpoint),
+                    && !outliers.ejected(endpoint, now_ms),
                 matched_blocks: m.map_or(0, |m| m.blocks),
                 partial_block: m.map_or(0.0, |m| m.partial()),
-                inflight: inflight(endpoint),
+                inflight: load,
                 last_picked_ms,
             });
+        }
+        if others_alive {
+            for i in suspects {
+                candidates[i].healthy = false;
+            }
         }
         let facts = RequestFacts {
             total_blocks: blocks.len(),

@@ -50,27 +50,63 @@ pub fn stalled(
     stall_after_ms: u64,
     silence_ms: u64,
 ) -> Vec<Endpoint> {
-    if stall_after_ms == 0 || pool.len() < 2 {
+    let Some(check) = StallCheck::new(pool.len(), now_ms, stall_after_ms, silence_ms) else {
         return Vec::new();
-    }
-    let silence_ms = silence_ms.max(stall_after_ms);
-    let silent = |e: Endpoint| now_ms.saturating_sub(states.get(e).answered_at_ms) >= silence_ms;
+    };
+    let answered = |e: Endpoint| states.get(e).answered_at_ms;
     let suspects: Vec<Endpoint> = pool
         .iter()
         .copied()
-        .filter(|&e| {
-            let v = inflight(e);
-            v.waiting > 0 && now_ms.saturating_sub(v.progress_ms) >= stall_after_ms && silent(e)
-        })
+        .filter(|&e| check.suspect(&inflight(e), answered(e)))
         .collect();
     if suspects.is_empty() {
         return suspects;
     }
-    let others_alive = pool.iter().any(|&o| !suspects.contains(&o) && !silent(o));
+    let others_alive = pool
+        .iter()
+        .any(|&o| !suspects.contains(&o) && !check.silent(answered(o)));
     if others_alive {
         suspects
     } else {
         Vec::new()
+    }
+}
+
+/// The conditions of [`stalled`] one endpoint at a time, for a caller that
+/// walks the pool holding each endpoint's in-flight work and scrape state
+/// (a decision reads both anyway): an endpoint is stalled when it is a
+/// [`StallCheck::suspect`] (conditions 1 and 2) and some endpoint of the
+/// pool that is not one is not [`StallCheck::silent`] either (condition 3).
+#[derive(Clone, Copy, Debug)]
+pub struct StallCheck {
+    now_ms: u64,
+    stall_after_ms: u64,
+    silence_ms: u64,
+}
+
+impl StallCheck {
+    /// The check at `now_ms` (arguments as for [`stalled`]); `None` when
+    /// detection is off (`stall_after_ms` 0) or the pool has fewer than two
+    /// endpoints, so that none is ever stalled.
+    pub fn new(pool_len: usize, now_ms: u64, stall_after_ms: u64, silence_ms: u64) -> Option<Self> {
+        (stall_after_ms > 0 && pool_len >= 2).then_some(StallCheck {
+            now_ms,
+            stall_after_ms,
+            silence_ms: silence_ms.max(stall_after_ms),
+        })
+    }
+
+    /// Conditions 1 and 2: requests wait for a first byte with no progress
+    /// for the window, and the scrapes were silent as long.
+    pub fn suspect(&self, inflight: &InFlight, answered_at_ms: u64) -> bool {
+        inflight.waiting > 0
+            && self.now_ms.saturating_sub(inflight.progress_ms) >= self.stall_after_ms
+            && self.silent(answered_at_ms)
+    }
+
+    /// No scrape answered within the silence window.
+    pub fn silent(&self, answered_at_ms: u64) -> bool {
+        self.now_ms.saturating_sub(answered_at_ms) >= self.silence_ms
     }
 }
 

@@ -6,6 +6,7 @@
 
 use super::wire::SyncQuery;
 use crate::endpoint::Endpoint;
+use crate::sorted_lookup::SortedLookup;
 use serde::{Deserialize, Serialize};
 
 /// One member of the peers cluster.
@@ -145,6 +146,13 @@ impl PeerLoad {
             Ok(i) => (self.0[i].1, self.0[i].2),
             Err(_) => (0, 0),
         }
+    }
+
+    /// [`Self::get`] for a walk over endpoints in ascending order, each
+    /// lookup resuming where the last one stopped (`sorted_lookup`).
+    pub fn lookup(&self) -> impl Fn(&Endpoint) -> (u32, u64) + '_ {
+        let cursor = SortedLookup::new(&self.0, |(e, _, _)| e);
+        move |e| cursor.get(e).map_or((0, 0), |&(_, r, t)| (r, t))
     }
 }
 

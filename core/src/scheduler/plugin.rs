@@ -69,9 +69,14 @@ pub trait Scorer: fmt::Debug + Sync {
 pub const NEUTRAL: f64 = 0.5;
 
 /// Min-max normalization with a floor on the range: for values `xs` (lower
-/// is better), `1 - (x - min) / max(max - min, floor)`. `None` entries get
-/// [`NEUTRAL`] and do not take part in min/max. Equal values all score 1.
-pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
+/// is better), `1 - (x - min) / max(max - min, floor)`. A NaN entry is
+/// unknown: it gets [`NEUTRAL`]; an infinite one is known but unusable: it
+/// gets 0. Neither takes part in min/max. Equal values all score 1.
+///
+/// Unknown is NaN rather than `None`: half the bytes to write and read for
+/// each of a large pool's candidates, and no scorer has a NaN to report
+/// (their inputs are counts and finite sums).
+pub fn spread_scores(xs: &[f64], floor: f64, out: &mut Vec<f64>) {
     out.clear();
     out.reserve(xs.len());
     // Min and max of the finite values in four independent chains: on
@@ -80,23 +85,20 @@ pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
     // their NaN handling making one long dependency chain through the pool.
     let mut lo = [f64::INFINITY; 4];
     let mut hi = [f64::NEG_INFINITY; 4];
-    // An unknown or non-finite value becomes NaN, which no comparison
-    // takes: selects instead of branches.
-    let mut extend = |k: usize, x: &Option<f64>| {
-        let x = match *x {
-            Some(x) if x.is_finite() => x,
-            _ => f64::NAN,
-        };
+    // A NaN takes no comparison, and an infinity changes neither extreme
+    // (the lanes start at the infinities): selects instead of branches.
+    let mut extend = |k: usize, x: f64| {
+        let x = if x.is_finite() { x } else { f64::NAN };
         lo[k] = if x < lo[k] { x } else { lo[k] };
         hi[k] = if x > hi[k] { x } else { hi[k] };
     };
     let mut chunks = xs.chunks_exact(4);
     for c in &mut chunks {
-        for (k, x) in c.iter().enumerate() {
+        for (k, &x) in c.iter().enumerate() {
             extend(k, x);
         }
     }
-    for x in chunks.remainder() {
+    for &x in chunks.remainder() {
         extend(0, x);
     }
     let lo = lo.into_iter().fold(f64::INFINITY, f64::min);
@@ -106,14 +108,13 @@ pub fn spread_scores(xs: &[Option<f64>], floor: f64, out: &mut Vec<f64>) {
     // Every entry's three outcomes computed and one selected, without a
     // branch: the values of a pool repeat in no pattern a branch predictor
     // learns. `1 - (x - lo) / range` is exactly 1 at `x == lo`.
-    out.extend(xs.iter().map(|x| {
-        let v = x.unwrap_or(0.0);
-        let spread = if scaled { 1.0 - (v - lo) / range } else { 1.0 };
-        let known = if v.is_finite() { spread } else { 0.0 };
-        if x.is_some() {
-            known
-        } else {
+    out.extend(xs.iter().map(|&x| {
+        let spread = if scaled { 1.0 - (x - lo) / range } else { 1.0 };
+        let known = if x.is_finite() { spread } else { 0.0 };
+        if x.is_nan() {
             NEUTRAL
+        } else {
+            known
         }
     }));
 }
@@ -159,12 +160,12 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    type Case = (&'static [Option<f64>], f64, &'static [f64]);
+    type Case = (&'static [f64], f64, &'static [f64]);
 
-    /// `spread_scores` before it was made cheaper (issue 14): the
-    /// reference the property test holds it to.
-    fn spread_reference(xs: &[Option<f64>], floor: f64) -> Vec<f64> {
-        let known = xs.iter().flatten().copied().filter(|x| x.is_finite());
+    /// `spread_scores` written plainly, with `f64::min`/`max` and branches:
+    /// the reference the property test holds it to.
+    fn spread_reference(xs: &[f64], floor: f64) -> Vec<f64> {
+        let known = xs.iter().copied().filter(|x| x.is_finite());
         let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
         for x in known {
             lo = lo.min(x);
@@ -172,16 +173,16 @@ mod tests {
         }
         let range = (hi - lo).max(floor);
         xs.iter()
-            .map(|x| match x {
-                Some(x) if x.is_finite() => {
-                    if range > 0.0 {
-                        1.0 - (x - lo) / range
-                    } else {
-                        1.0
-                    }
+            .map(|&x| {
+                if x.is_nan() {
+                    NEUTRAL
+                } else if !x.is_finite() {
+                    0.0
+                } else if range > 0.0 {
+                    1.0 - (x - lo) / range
+                } else {
+                    1.0
                 }
-                Some(_) => 0.0,
-                None => NEUTRAL,
             })
             .collect()
     }
@@ -201,12 +202,12 @@ mod tests {
         let mut out = Vec::new();
         for round in 0..5000 {
             let n = rng.usize(0..40);
-            let xs: Vec<Option<f64>> = (0..n)
+            let xs: Vec<f64> = (0..n)
                 .map(|_| match rng.u8(0..10) {
-                    0 => None,
-                    1 => Some(specials[rng.usize(..specials.len())]),
-                    2..=5 => Some(f64::from(rng.u8(0..6))),
-                    _ => Some((rng.f64() - 0.3) * 1e4),
+                    0 => f64::NAN,
+                    1 => specials[rng.usize(..specials.len())],
+                    2..=5 => f64::from(rng.u8(0..6)),
+                    _ => (rng.f64() - 0.3) * 1e4,
                 })
                 .collect();
             let floor = [0.0, 1.0, 4.0, 4096.0][round % 4];
@@ -220,14 +221,14 @@ mod tests {
     #[test]
     fn spread_table() {
         let cases: &[Case] = &[
-            (&[Some(0.0), Some(10.0), Some(5.0)], 0.0, &[1.0, 0.0, 0.5]),
-            (&[Some(3.0), Some(3.0)], 0.0, &[1.0, 1.0]),
-            (&[Some(3.0), Some(3.0)], 4.0, &[1.0, 1.0]),
-            (&[Some(0.0), Some(1.0)], 4.0, &[1.0, 0.75]),
-            (&[Some(0.0), Some(1.0)], 0.0, &[1.0, 0.0]),
-            (&[Some(0.0), None, Some(8.0)], 4.0, &[1.0, NEUTRAL, 0.0]),
-            (&[None, None], 4.0, &[NEUTRAL, NEUTRAL]),
-            (&[Some(f64::NAN), Some(1.0)], 0.0, &[0.0, 1.0]),
+            (&[0.0, 10.0, 5.0], 0.0, &[1.0, 0.0, 0.5]),
+            (&[3.0, 3.0], 0.0, &[1.0, 1.0]),
+            (&[3.0, 3.0], 4.0, &[1.0, 1.0]),
+            (&[0.0, 1.0], 4.0, &[1.0, 0.75]),
+            (&[0.0, 1.0], 0.0, &[1.0, 0.0]),
+            (&[0.0, f64::NAN, 8.0], 4.0, &[1.0, NEUTRAL, 0.0]),
+            (&[f64::NAN, f64::NAN], 4.0, &[NEUTRAL, NEUTRAL]),
+            (&[f64::INFINITY, 1.0], 0.0, &[0.0, 1.0]),
             (&[], 1.0, &[]),
         ];
         let mut out = Vec::new();

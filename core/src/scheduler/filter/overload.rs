@@ -39,41 +39,37 @@ impl Filter for OverloadFilter {
     fn filter(&self, ctx: &Context, kept: &mut Vec<usize>) -> Option<Note> {
         // Each candidate read once (at 1024 endpoints a second strided pass
         // over the candidates cost more than the arithmetic).
-        let queues: Vec<Option<f64>> = kept
+        // Unknown (no fresh snapshot) is NaN: a queue is never NaN itself.
+        let queues: Vec<f64> = kept
             .iter()
-            .map(|&i| effective_queue(&ctx.candidates[i]))
+            .map(|&i| effective_queue(&ctx.candidates[i]).unwrap_or(f64::NAN))
             .collect();
         let min = min_ignoring_nan(&queues)?;
         let limit = min + ctx.config.gate_max_queue_excess;
         let mut queue = queues.into_iter();
-        kept.retain(|_| queue.next().flatten().is_none_or(|q| q <= limit));
+        kept.retain(|_| {
+            let q = queue.next().unwrap_or(f64::NAN);
+            q.is_nan() || q <= limit
+        });
         None
     }
 }
 
-/// `xs.iter().flatten().copied().reduce(f64::min)` (NaN only if every
+/// `xs.iter().filter(|x| !x.is_nan()).reduce(f64::min)` (`None` if every
 /// value is NaN), in four independent chains of plain comparisons instead of
 /// one chain of NaN-aware minima.
-fn min_ignoring_nan(xs: &[Option<f64>]) -> Option<f64> {
+fn min_ignoring_nan(xs: &[f64]) -> Option<f64> {
     let mut lo = [f64::INFINITY; 4];
-    let (mut any, mut number) = (false, false);
-    for (i, x) in xs.iter().enumerate() {
-        if let Some(x) = *x {
-            any = true;
-            if !x.is_nan() {
-                number = true;
-                let lane = &mut lo[i & 3];
-                if x < *lane {
-                    *lane = x;
-                }
-            }
+    let mut number = false;
+    for (i, &x) in xs.iter().enumerate() {
+        number |= !x.is_nan();
+        let lane = &mut lo[i & 3];
+        // A NaN compares false: skipped.
+        if x < *lane {
+            *lane = x;
         }
     }
-    match (any, number) {
-        (false, _) => None,
-        (true, false) => Some(f64::NAN),
-        (true, true) => Some(lo.into_iter().fold(f64::INFINITY, f64::min)),
-    }
+    number.then(|| lo.into_iter().fold(f64::INFINITY, f64::min))
 }
 
 #[cfg(test)]
@@ -90,20 +86,15 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(5);
         let odd = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
         for _ in 0..5000 {
-            let xs: Vec<Option<f64>> = (0..rng.usize(0..11))
+            let xs: Vec<f64> = (0..rng.usize(0..11))
                 .map(|_| match rng.u8(0..6) {
-                    0 => None,
-                    1 => Some(odd[rng.usize(..odd.len())]),
-                    _ => Some(f64::from(rng.u8(0..9))),
+                    0 | 1 => odd[rng.usize(..odd.len())],
+                    _ => f64::from(rng.u8(0..9)),
                 })
                 .collect();
-            let want = xs.iter().flatten().copied().reduce(f64::min);
+            let want = xs.iter().copied().filter(|x| !x.is_nan()).reduce(f64::min);
             let got = min_ignoring_nan(&xs);
-            let same = match (got, want) {
-                (Some(a), Some(b)) => a == b || (a.is_nan() && b.is_nan()),
-                (a, b) => a == b,
-            };
-            assert!(same, "{xs:?}: {got:?} vs {want:?}");
+            assert_eq!(got, want, "{xs:?}");
         }
     }
 

@@ -43,9 +43,9 @@ impl Scorer for InFlightRequestsScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        let xs: Vec<Option<f64>> = kept
+        let xs: Vec<f64> = kept
             .iter()
-            .map(|&i| Some(f64::from(ctx.candidates[i].inflight.requests)))
+            .map(|&i| f64::from(ctx.candidates[i].inflight.requests))
             .collect();
         spread_scores(&xs, ctx.config.min_range_inflight, out);
     }

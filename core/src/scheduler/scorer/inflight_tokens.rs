@@ -41,11 +41,11 @@ impl Scorer for InFlightTokensScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        let xs: Vec<Option<f64>> = kept
+        let xs: Vec<f64> = kept
             .iter()
             .map(|&i| {
                 let c = &ctx.candidates[i];
-                Some(c.inflight.tokens as f64 + uncached_tokens(ctx.req, c))
+                c.inflight.tokens as f64 + uncached_tokens(ctx.req, c)
             })
             .collect();
         spread_scores(&xs, ctx.config.min_range_tokens, out);
