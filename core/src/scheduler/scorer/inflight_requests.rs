@@ -43,11 +43,12 @@ impl Scorer for InFlightRequestsScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        let xs: Vec<f64> = kept
-            .iter()
-            .map(|&i| f64::from(ctx.candidates[i].inflight.requests))
-            .collect();
-        spread_scores(&xs, ctx.config.min_range_inflight, out);
+        out.clear();
+        out.extend(
+            kept.iter()
+                .map(|&i| f64::from(ctx.candidates[i].inflight.requests)),
+        );
+        spread_scores(out, ctx.config.min_range_inflight);
     }
 }
 

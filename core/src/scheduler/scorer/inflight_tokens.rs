@@ -41,14 +41,12 @@ impl Scorer for InFlightTokensScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        let xs: Vec<f64> = kept
-            .iter()
-            .map(|&i| {
-                let c = &ctx.candidates[i];
-                c.inflight.tokens as f64 + uncached_tokens(ctx.req, c)
-            })
-            .collect();
-        spread_scores(&xs, ctx.config.min_range_tokens, out);
+        out.clear();
+        out.extend(kept.iter().map(|&i| {
+            let c = &ctx.candidates[i];
+            c.inflight.tokens as f64 + uncached_tokens(ctx.req, c)
+        }));
+        spread_scores(out, ctx.config.min_range_tokens);
     }
 }
 

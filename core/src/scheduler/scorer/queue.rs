@@ -52,11 +52,12 @@ impl Scorer for QueueScorer {
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
         // Unknown (no fresh snapshot) is NaN for `spread_scores`; a queue
         // is never NaN itself.
-        let qs: Vec<f64> = kept
-            .iter()
-            .map(|&i| effective_queue(&ctx.candidates[i]).unwrap_or(f64::NAN))
-            .collect();
-        spread_scores(&qs, ctx.config.min_range_requests, out);
+        out.clear();
+        out.extend(
+            kept.iter()
+                .map(|&i| effective_queue(&ctx.candidates[i]).unwrap_or(f64::NAN)),
+        );
+        spread_scores(out, ctx.config.min_range_requests);
     }
 }
 
