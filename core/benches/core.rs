@@ -17,6 +17,7 @@ use kvroute_core::config::{Config, MetricsConfig, PrefixConfig};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::inflight::InFlightTable;
 use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
+use kvroute_core::models::Scope;
 use kvroute_core::outlier::OutlierTable;
 use kvroute_core::prefix::{block_hashes, seed, PrefixIndex};
 use kvroute_core::request::{parse, ApiKind};
@@ -284,6 +285,33 @@ fn bench_decide(c: &mut Criterion) {
     g.finish();
 }
 
+/// `Router::saturated` (whether a sheddable request is shed) over 1024
+/// endpoints whose engines all queue past the threshold: the case that
+/// sheds, where every endpoint's state is read.
+fn bench_saturated(c: &mut Criterion) {
+    let n = 1024;
+    let router = Router::new(Config {
+        endpoints: (0..n).map(endpoint).collect(),
+        ..Config::default()
+    });
+    let now = 10_000;
+    let mut states = EndpointStates::default();
+    for e in 0..n {
+        let busy = MetricsSnapshot {
+            waiting: 50.0,
+            running: 8.0,
+            kv_usage: Some(0.99),
+            kv_capacity_tokens: None,
+        };
+        states.succeed(endpoint(e), busy, now - 10);
+    }
+    let outliers = OutlierTable::default();
+    assert!(router.saturated(Scope::All, &states, &outliers, now));
+    c.bench_function("saturated/endpoints/1024", |b| {
+        b.iter(|| router.saturated(Scope::All, black_box(&states), &outliers, now))
+    });
+}
+
 /// Short windows: the whole suite runs in about a minute on 2 cores.
 fn quick() -> Criterion {
     Criterion::default()
@@ -295,6 +323,6 @@ fn quick() -> Criterion {
 criterion_group! {
     name = core;
     config = quick();
-    targets = bench_parse, bench_hash, bench_metrics, bench_index, bench_decide
+    targets = bench_parse, bench_hash, bench_metrics, bench_index, bench_decide, bench_saturated
 }
 criterion_main!(core);

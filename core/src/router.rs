@@ -104,11 +104,12 @@ impl Router {
         let threshold = self.config.metrics.unhealthy_after_failures;
         let saturation = &self.config.saturation;
         let stale_after = saturation.stale_after(self.config.metrics.scrape_interval_ms);
-        let aligned = states.aligned(&self.pool);
+        let unknown = ScrapeState::default();
         !self
             .pool
             .iter()
-            .zip(&aligned)
+            .zip(states.aligned(&self.pool))
+            .map(|(e, s)| (e, s.unwrap_or(&unknown)))
             .filter(|(e, s)| self.serves(scope, **e, s))
             .any(|(e, s)| {
                 let healthy = s.healthy(threshold) && !outliers.ejected(*e, now_ms);

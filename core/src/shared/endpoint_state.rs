@@ -85,18 +85,21 @@ impl EndpointStates {
     }
 
     /// The state of each endpoint of `pool` (sorted, as `Router::pool`), in
-    /// its order: one merge pass over both sorted lists.
-    pub fn aligned(&self, pool: &[Endpoint]) -> Vec<ScrapeState> {
+    /// its order, `None` for one never scraped: one merge pass over both
+    /// sorted lists, no state copied (it runs per request for sheddable
+    /// traffic, over the whole pool).
+    pub fn aligned<'a>(
+        &'a self,
+        pool: &'a [Endpoint],
+    ) -> impl Iterator<Item = Option<&'a ScrapeState>> + 'a {
         let mut entries = self.entries.iter().peekable();
-        pool.iter()
-            .map(|e| {
-                while entries.next_if(|(x, _)| x < e).is_some() {}
-                match entries.peek() {
-                    Some((x, s)) if x == e => s.clone(),
-                    _ => ScrapeState::default(),
-                }
-            })
-            .collect()
+        pool.iter().map(move |e| {
+            while entries.next_if(|(x, _)| x < e).is_some() {}
+            match entries.peek() {
+                Some((x, s)) if x == e => Some(s),
+                _ => None,
+            }
+        })
     }
 
     /// Records a successful scrape (of an engine that lists no LoRA
@@ -454,8 +457,13 @@ mod tests {
         .collect();
         pool.sort();
         let want: Vec<ScrapeState> = pool.iter().map(|e| t.get(*e)).collect();
-        assert_eq!(t.aligned(&pool), want);
-        assert_eq!(t.aligned(&[]), vec![]);
+        let got: Vec<ScrapeState> = t
+            .aligned(&pool)
+            .map(|s| s.cloned().unwrap_or_default())
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(t.aligned(&pool).filter(Option::is_none).count(), 2);
+        assert_eq!(t.aligned(&[]).count(), 0);
     }
 
     #[test]
