@@ -66,8 +66,9 @@ impl Routed {
     }
 }
 
-/// The debug header's value: the decision, every candidate's score and,
-/// with `predicted_ttft`, its prediction and the prediction's parts.
+/// The debug header's value: the decision, the scores it kept (the chosen
+/// candidate's and the best others', at most `SCORES_KEPT`) and, with
+/// `predicted_ttft`, each one's prediction and the prediction's parts.
 fn debug_value(d: &Decision, total_blocks: usize) -> String {
     let mut v = format!(
         "endpoint={}; reason={:?}; matched={}/{}; scores=",

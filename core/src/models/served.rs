@@ -42,8 +42,9 @@ pub fn model_id(name: &str) -> ModelId {
 
 /// The ids one endpoint listed, sorted and distinct, and when.
 ///
-/// Shared behind an `Arc`: a decision copies every candidate's scrape
-/// state, and a list is one pointer to copy, not up to 64 ids.
+/// Shared behind an `Arc`: a scrape state is copied whole where one is
+/// looked up (`EndpointStates::get`), and a list is one pointer to copy,
+/// not up to 64 ids.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServedModels {
     /// When the list was read (wall-clock ms).
