@@ -14,20 +14,25 @@
 
 use crate::endpoint::Endpoint;
 use std::cell::Cell;
+use std::cmp::Ordering;
 
 /// A cursor over `entries`, sorted by `key` without duplicates.
+///
+/// `key` is a type parameter, not a function pointer, so that it is
+/// inlined: an indirect call per step cost the walk more than the
+/// comparisons did.
 #[derive(Clone, Debug)]
-pub struct SortedLookup<'a, T> {
+pub struct SortedLookup<'a, T, K> {
     entries: &'a [T],
-    key: fn(&T) -> &Endpoint,
+    key: K,
     /// Where the next lookup starts: every entry before it is ordered
     /// before the last endpoint looked up, or is that endpoint.
     next: Cell<usize>,
 }
 
-impl<'a, T> SortedLookup<'a, T> {
+impl<'a, T, K: Fn(&T) -> &Endpoint> SortedLookup<'a, T, K> {
     /// A cursor at the start of `entries`, which must be sorted by `key`.
-    pub fn new(entries: &'a [T], key: fn(&T) -> &Endpoint) -> Self {
+    pub fn new(entries: &'a [T], key: K) -> Self {
         SortedLookup {
             entries,
             key,
@@ -36,35 +41,44 @@ impl<'a, T> SortedLookup<'a, T> {
     }
 
     /// The entry for `endpoint`, if there is one.
+    #[inline]
     pub fn get(&self, endpoint: &Endpoint) -> Option<&'a T> {
-        let (entries, key) = (self.entries, self.key);
+        let (entries, key) = (self.entries, &self.key);
         let start = self.next.get();
         let mut i = start;
+        // One three-way comparison per step of the walk.
         while let Some(x) = entries.get(i) {
-            if key(x) == endpoint {
-                self.next.set(i + 1);
-                return Some(x);
+            match key(x).cmp(endpoint) {
+                Ordering::Equal => {
+                    self.next.set(i + 1);
+                    return Some(x);
+                }
+                Ordering::Greater => break,
+                Ordering::Less => i += 1,
             }
-            if key(x) > endpoint {
-                break;
-            }
-            i += 1;
         }
         if i == start && i > 0 && key(&entries[i - 1]) >= endpoint {
-            // Behind the cursor: not a walk in ascending order.
-            return match entries[..i].binary_search_by(|x| key(x).cmp(endpoint)) {
-                Ok(found) => {
-                    self.next.set(found + 1);
-                    Some(&entries[found])
-                }
-                Err(at) => {
-                    self.next.set(at);
-                    None
-                }
-            };
+            return self.behind(endpoint, i);
         }
         self.next.set(i);
         None
+    }
+
+    /// A key behind the cursor at `i` (not a walk in ascending order):
+    /// binary search.
+    #[cold]
+    fn behind(&self, endpoint: &Endpoint, i: usize) -> Option<&'a T> {
+        let entries = self.entries;
+        match entries[..i].binary_search_by(|x| (self.key)(x).cmp(endpoint)) {
+            Ok(found) => {
+                self.next.set(found + 1);
+                Some(&entries[found])
+            }
+            Err(at) => {
+                self.next.set(at);
+                None
+            }
+        }
     }
 }
 
