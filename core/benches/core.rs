@@ -12,10 +12,13 @@
 //! Measurement windows are short on purpose: the box has 2 cores and is
 //! shared.
 
+mod fixtures;
+
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fixtures::{
+    chat_body, completions_body, conversation, endpoint, prose, DecideFixture, REQUEST_BLOCKS,
+};
 use kvroute_core::config::{Config, MetricsConfig, PrefixConfig};
-use kvroute_core::endpoint::Endpoint;
-use kvroute_core::inflight::InFlightTable;
 use kvroute_core::metrics::{read_snapshot, MetricsSnapshot};
 use kvroute_core::models::Scope;
 use kvroute_core::outlier::OutlierTable;
@@ -38,57 +41,6 @@ const BODY_SIZES: [(&str, usize); 3] = [
 
 /// Pool sizes the issue names for decision time.
 const POOL_SIZES: [usize; 4] = [8, 64, 256, 1024];
-
-/// Blocks in the request whose decision is timed (a 16 KiB prompt at the
-/// default 256 bytes per block).
-const REQUEST_BLOCKS: usize = 64;
-
-/// Deterministic word-like ASCII text of exactly `len` bytes (no JSON
-/// escapes, so the parser takes its borrowed-string path, as for most prose).
-fn prose(len: usize, rng: &mut fastrand::Rng) -> String {
-    const WORDS: [&str; 12] = [
-        "the", "model", "server", "cache", "prefix", "token", "router", "block", "of", "and",
-        "request", "envoy",
-    ];
-    let mut s = String::with_capacity(len + 16);
-    while s.len() < len {
-        s.push_str(WORDS[rng.usize(..WORDS.len())]);
-        s.push(if rng.u8(..10) == 0 { '.' } else { ' ' });
-    }
-    s.truncate(len);
-    s
-}
-
-/// A chat body of about `size` bytes: a system prompt (a quarter) and a
-/// conversation of user/assistant turns making up the rest.
-fn chat_body(size: usize) -> Vec<u8> {
-    let mut rng = fastrand::Rng::with_seed(7);
-    let system = prose(size / 4, &mut rng);
-    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
-    let turns = 8;
-    let per_turn = (size - size / 4).saturating_sub(200) / turns;
-    for t in 0..turns {
-        let role = if t % 2 == 0 { "user" } else { "assistant" };
-        messages.push(serde_json::json!({"role": role, "content": prose(per_turn, &mut rng)}));
-    }
-    serde_json::to_vec(&serde_json::json!({
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "messages": messages,
-        "max_tokens": 16,
-    }))
-    .expect("a JSON value serializes")
-}
-
-/// A completions body of about `size` bytes with one string prompt.
-fn completions_body(size: usize) -> Vec<u8> {
-    let mut rng = fastrand::Rng::with_seed(7);
-    serde_json::to_vec(&serde_json::json!({
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "prompt": prose(size.saturating_sub(100), &mut rng),
-        "max_tokens": 16,
-    }))
-    .expect("a JSON value serializes")
-}
 
 /// Parsing + canonicalization + chained block hashing of whole bodies.
 fn bench_parse(c: &mut Criterion) {
@@ -132,17 +84,6 @@ fn bench_metrics(c: &mut Criterion) {
         b.iter(|| read_snapshot(black_box(VLLM_SCRAPE), &cfg))
     });
     g.finish();
-}
-
-fn endpoint(i: usize) -> Endpoint {
-    format!("10.{}.{}.{}:8000", i >> 16 & 255, i >> 8 & 255, i & 255)
-        .parse()
-        .expect("a literal ip:port")
-}
-
-/// Chained-looking random block hashes for one synthetic conversation.
-fn conversation(rng: &mut fastrand::Rng, len: usize) -> Vec<u64> {
-    (0..len).map(|_| rng.u64(..)).collect()
 }
 
 /// An index of `endpoints` endpoints, each filled to `capacity` blocks with
@@ -215,72 +156,16 @@ fn bench_index(c: &mut Criterion) {
 fn bench_decide(c: &mut Criterion) {
     let mut g = c.benchmark_group("decide");
     for n in POOL_SIZES {
-        let mut config = Config {
-            endpoints: (0..n).map(endpoint).collect(),
-            ..Config::default()
-        };
-        config.prefix.capacity_blocks = 4096;
-        config.prefix.follow_engine_capacity = false;
-        config.scheduling.seed = Some(1);
-        let mut router = Router::new(config);
-        let mut rng = fastrand::Rng::with_seed(17);
-        let mut resident = Vec::new();
-        for e in 0..n {
-            // Fill the router's own index the way the filter does: by learning.
-            for _ in 0..4096 / REQUEST_BLOCKS - 1 {
-                router.learn(endpoint(e), &conversation(&mut rng, REQUEST_BLOCKS), 1);
-            }
-            let conv = conversation(&mut rng, REQUEST_BLOCKS);
-            router.learn(endpoint(e), &conv, 1);
-            resident.push(conv);
-        }
-        assert_eq!(router.indexed_blocks(endpoint(0)), 4096);
-        let now = 10_000;
-        let mut states = EndpointStates::default();
-        for e in 0..n {
-            let snapshot = MetricsSnapshot {
-                waiting: (e % 3) as f64,
-                running: (e % 7) as f64,
-                kv_usage: Some((e % 10) as f64 / 10.0),
-                kv_capacity_tokens: None,
-            };
-            states.succeed(endpoint(e), snapshot, now - 10);
-        }
-        let mut request = resident[n / 2][..REQUEST_BLOCKS / 2].to_vec();
-        request.extend(conversation(&mut rng, REQUEST_BLOCKS / 2));
-        // Work on every third endpoint, read the way the filter reads it:
-        // from the in-flight table (sorted by endpoint, busy ones only).
-        let mut table = InFlightTable::new();
-        for e in (0..n).filter(|e| e % 3 == 0) {
-            table.add(endpoint(e), 0, now);
-            table.first_chunk(endpoint(e), 0, now);
-        }
-        let inflight = table.lookup();
-        let mut pick_rng = fastrand::Rng::with_seed(23);
-        router
-            .decide(
-                &request,
-                4096,
-                &states,
-                &OutlierTable::default(),
-                |e| inflight(&e),
-                now,
-                &mut pick_rng,
-            )
+        let fixture = DecideFixture::new(n);
+        let mut rng = fastrand::Rng::with_seed(23);
+        fixture
+            .decide(fixture.request(), &mut rng)
             .expect("a non-empty pool decides");
-        g.bench_with_input(BenchmarkId::new("endpoints", n), &request, |b, request| {
-            b.iter(|| {
-                router.decide(
-                    black_box(request),
-                    4096,
-                    &states,
-                    &OutlierTable::default(),
-                    |e| inflight(&e),
-                    now,
-                    &mut pick_rng,
-                )
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("endpoints", n),
+            fixture.request(),
+            |b, request| b.iter(|| fixture.decide(black_box(request), &mut rng)),
+        );
     }
     g.finish();
 }
