@@ -24,6 +24,7 @@ pub mod config;
 pub mod discovery;
 pub mod endpoint;
 pub mod error_reply;
+pub mod float;
 pub mod inflight;
 pub mod metrics;
 pub mod models;

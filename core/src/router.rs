@@ -9,6 +9,7 @@
 
 use crate::config::{Config, Profile};
 use crate::endpoint::Endpoint;
+use crate::float::{max_num, non_negative};
 use crate::inflight::InFlight;
 use crate::metrics::{schedule, MetricsSnapshot};
 use crate::models::{ModelNotFound, ModelPools, Scope};
@@ -345,18 +346,18 @@ impl Router {
         for c in candidates {
             // A leaf match (part of a block) counts for its part.
             let cached = c.matched() * block_tokens as f64;
-            let uncached = (prompt_tokens as f64 - cached).max(0.0);
+            let uncached = non_negative(prompt_tokens as f64 - cached);
             let ahead = self.ahead_tokens(c.snapshot, c.inflight);
             // Decoding there: the engine's count, or kvroute's requests
             // past their first byte if more.
             let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
-            let running = c.snapshot.map_or(0.0, |s| s.running).max(f64::from(own));
+            let running = max_num(c.snapshot.map_or(0.0, |s| s.running), f64::from(own));
             // Held there (decoding or waiting): the engine's count, or
             // kvroute's if more (sent since the scrape).
-            let present = c
-                .snapshot
-                .map_or(0.0, |s| s.running + s.waiting)
-                .max(f64::from(c.inflight.requests));
+            let present = max_num(
+                c.snapshot.map_or(0.0, |s| s.running + s.waiting),
+                f64::from(c.inflight.requests),
+            );
             predictions.push(
                 self.ttft
                     .predict(&c.endpoint, ahead, uncached, running, present),
@@ -369,7 +370,9 @@ impl Router {
     /// kvroute's in-flight uncached tokens there, plus requests its fresh
     /// snapshot shows queued beyond kvroute's own, at the mean request size.
     fn ahead_tokens(&self, snapshot: Option<MetricsSnapshot>, inflight: InFlight) -> f64 {
-        let foreign = snapshot.map_or(0.0, |s| (s.waiting - f64::from(inflight.waiting)).max(0.0));
+        let foreign = snapshot.map_or(0.0, |s| {
+            non_negative(s.waiting - f64::from(inflight.waiting))
+        });
         inflight.tokens as f64 + foreign * self.ttft.mean_uncached_tokens()
     }
 

@@ -67,6 +67,7 @@
 
 use crate::config::TtftConfig;
 use crate::endpoint::Endpoint;
+use crate::float::{max_num, min_num, non_negative};
 use hashbrown::HashMap;
 
 /// Observations after which a factor moves by `learning_rate`, not `1/n`.
@@ -285,7 +286,7 @@ impl TtftModel {
             return (1.0, 0);
         };
         let stale = self.fit.n.saturating_sub(l.seen_at) as f64 / STALE_AFTER as f64;
-        let ln = (l.factor.ln - self.mean_ln) * (1.0 - stale.min(1.0));
+        let ln = (l.factor.ln - self.mean_ln) * (1.0 - min_num(stale, 1.0));
         let f = if ln.abs() < NOISE.ln() { 1.0 } else { ln.exp() };
         (f, l.factor.n)
     }
@@ -376,10 +377,10 @@ impl TtftModel {
         present: f64,
     ) -> Prediction {
         let r = self.rates(endpoint);
-        let ahead = ahead.max(0.0);
-        let uncached = uncached.max(0.0);
-        let running = running.max(0.0);
-        let present = present.max(running);
+        let ahead = non_negative(ahead);
+        let uncached = non_negative(uncached);
+        let running = non_negative(running);
+        let present = max_num(present, running);
         let decode_ms = r.ms_per_running * running;
         let ttft_ms = r.overhead_ms + decode_ms + (ahead + uncached) * r.ms_per_token;
         let others_delay_ms = uncached * r.ms_per_token * present;

@@ -15,6 +15,7 @@
 
 use super::{Candidate, RequestFacts};
 use crate::config::{SchedulingConfig, Weights};
+use crate::float::{min_num, non_negative};
 use std::fmt;
 
 /// Everything a plugin may read for one scheduling decision.
@@ -127,9 +128,9 @@ pub fn spread_scores(xs: &mut [f64], floor: f64) {
 /// in-flight scorers account for them. `None` without a fresh snapshot.
 pub fn effective_queue(c: &Candidate) -> Option<f64> {
     let s = c.snapshot.as_ref()?;
-    let waiting = s.waiting.max(0.0);
+    let waiting = non_negative(s.waiting);
     let excess = if waiting > 0.0 {
-        (f64::from(c.inflight.requests) - (waiting + s.running.max(0.0))).max(0.0)
+        non_negative(f64::from(c.inflight.requests) - (waiting + non_negative(s.running)))
     } else {
         0.0
     };
@@ -144,7 +145,8 @@ pub fn prefix_fraction(req: &RequestFacts, c: &Candidate) -> f64 {
     if matched.is_nan() || matched <= 0.0 {
         return 0.0;
     }
-    (matched / req.total_blocks.max(1) as f64).min(1.0)
+    let fraction = matched / req.total_blocks.max(1) as f64;
+    min_num(fraction, 1.0)
 }
 
 /// Prompt tokens the candidate would still have to prefill for this
