@@ -269,34 +269,37 @@ impl Router {
         let mut next_entry = 0;
         let unknown = ScrapeState::default();
         let mut candidates: Vec<Candidate> = Vec::with_capacity(self.pool.len());
-        for (i, (&endpoint, &last_picked_ms)) in self.pool.iter().zip(&self.last_picked).enumerate()
+        // The pool's endpoints are compared where they lie, by reference: a
+        // copy on the stack read back in parts stalled store forwarding
+        // (a fifth of a decision over 1024 endpoints).
+        for (i, (endpoint, &last_picked_ms)) in self.pool.iter().zip(&self.last_picked).enumerate()
         {
             let state = loop {
                 match entries.get(next_entry) {
-                    Some((x, s)) if *x == endpoint => {
+                    Some((x, s)) if x == endpoint => {
                         next_entry += 1;
                         break s;
                     }
-                    Some((x, _)) if *x < endpoint => next_entry += 1,
+                    Some((x, _)) if x < endpoint => next_entry += 1,
                     _ => break &unknown,
                 }
             };
             let m = matched.next_if(|(k, _)| *k == i).map(|(_, m)| m);
-            let load = inflight(endpoint);
+            let load = inflight(*endpoint);
             let suspect = stall.is_some_and(|s| s.suspect(&load, state.answered_at_ms));
             others_alive |= stall.is_some_and(|s| !suspect && !s.silent(state.answered_at_ms));
-            if !self.serves(scope, endpoint, state) {
+            if !self.serves(scope, *endpoint, state) {
                 continue;
             }
             if suspect {
                 suspects.push(candidates.len());
             }
             candidates.push(Candidate {
-                endpoint,
+                endpoint: *endpoint,
                 snapshot: state.fresh(now_ms, stale_after),
                 adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
                 healthy: state.healthy(metrics.unhealthy_after_failures)
-                    && !outliers.ejected(endpoint, now_ms),
+                    && !outliers.ejected(*endpoint, now_ms),
                 matched_blocks: m.map_or(0, |m| m.blocks),
                 partial_block: m.map_or(0.0, |m| m.partial()),
                 inflight: load,
