@@ -247,7 +247,7 @@ impl VmState {
         if self.config().failover.stall_after_ms > 0 {
             let table = self.store.inflight();
             let inflight = table.lookup();
-            let stalled = self.router.stalled(&self.states, |e| inflight(&e), now_ms);
+            let stalled = self.router.stalled(&self.states, inflight, now_ms);
             self.note_stalls(stalled);
         }
     }
@@ -296,8 +296,8 @@ impl VmState {
                 &self.outliers,
                 // Other replicas' requests load the pods as much as this one's.
                 |e| {
-                    let mut f = inflight(&e);
-                    let (requests, tokens) = peer_load(&e);
+                    let mut f = inflight(e);
+                    let (requests, tokens) = peer_load(e);
                     f.requests = f.requests.saturating_add(requests);
                     f.tokens = f.tokens.saturating_add(tokens);
                     f

@@ -176,7 +176,7 @@ impl Router {
     pub fn stalled(
         &self,
         states: &EndpointStates,
-        inflight: impl Fn(Endpoint) -> InFlight,
+        inflight: impl Fn(&Endpoint) -> InFlight,
         now_ms: u64,
     ) -> Vec<Endpoint> {
         let stall_after = self.config.failover.stall_after_ms;
@@ -203,7 +203,7 @@ impl Router {
         prompt_tokens: u64,
         states: &EndpointStates,
         outliers: &OutlierTable,
-        inflight: impl Fn(Endpoint) -> InFlight,
+        inflight: impl Fn(&Endpoint) -> InFlight,
         now_ms: u64,
         rng: &mut fastrand::Rng,
     ) -> Option<Decision> {
@@ -230,7 +230,7 @@ impl Router {
         prompt_tokens: u64,
         states: &EndpointStates,
         outliers: &OutlierTable,
-        inflight: impl Fn(Endpoint) -> InFlight,
+        inflight: impl Fn(&Endpoint) -> InFlight,
         now_ms: u64,
         rng: &mut fastrand::Rng,
     ) -> Option<Decision> {
@@ -285,7 +285,7 @@ impl Router {
                 }
             };
             let m = matched.next_if(|(k, _)| *k == i).map(|(_, m)| m);
-            let load = inflight(*endpoint);
+            let load = inflight(endpoint);
             let suspect = stall.is_some_and(|s| s.suspect(&load, state.answered_at_ms));
             others_alive |= stall.is_some_and(|s| !suspect && !s.silent(state.answered_at_ms));
             if !self.serves(scope, *endpoint, state) {
@@ -465,7 +465,7 @@ mod tests {
         blocks: &[u64],
         states: &EndpointStates,
         outliers: &OutlierTable,
-        inflight: impl Fn(Endpoint) -> InFlight,
+        inflight: impl Fn(&Endpoint) -> InFlight,
         last_picked: &HashMap<Endpoint, u64>,
         now_ms: u64,
     ) -> Vec<Candidate> {
@@ -486,7 +486,7 @@ mod tests {
                         && !stalled.contains(&endpoint),
                     matched_blocks: matched.map_or(0, |m| m.blocks),
                     partial_block: matched.map_or(0.0, |m| m.partial()),
-                    inflight: inflight(endpoint),
+                    inflight: inflight(&endpoint),
                     last_picked_ms: last_picked.get(&endpoint).copied(),
                     // `decide` serves every model: no adapter.
                     adapter_fit: AdapterFit::Unknown,
@@ -568,7 +568,7 @@ mod tests {
                     (e, f)
                 })
                 .collect();
-            let inflight = |e: Endpoint| loads.get(&e).copied().unwrap_or_default();
+            let inflight = |e: &Endpoint| loads.get(e).copied().unwrap_or_default();
             let conv = &convs[rng.usize(..convs.len())];
             let mut request = conv[..rng.usize(0..=conv.len())].to_vec();
             request.extend((0..rng.usize(0..4)).map(|_| rng.u64(..)));
@@ -703,8 +703,8 @@ mod tests {
                 states.succeed(e, MetricsSnapshot::default(), 990);
             }
         }
-        let waiting = move |e: Endpoint| {
-            if e == sticky {
+        let waiting = move |e: &Endpoint| {
+            if *e == sticky {
                 InFlight {
                     requests: 1,
                     tokens: 0,
@@ -927,7 +927,7 @@ mod tests {
                 &states,
                 &OutlierTable::default(),
                 |e| {
-                    if e == ep(1) {
+                    if *e == ep(1) {
                         work(ahead)
                     } else {
                         InFlight::default()
@@ -959,7 +959,7 @@ mod tests {
                 &states,
                 &OutlierTable::default(),
                 |e| {
-                    let mut f = work(if e == ep(1) { 40_000 } else { 0 });
+                    let mut f = work(if *e == ep(1) { 40_000 } else { 0 });
                     f.requests += 4;
                     f
                 },
@@ -990,7 +990,7 @@ mod tests {
                 &states,
                 &OutlierTable::default(),
                 |e| {
-                    if e == ep(1) {
+                    if *e == ep(1) {
                         waiting(3, 12_000)
                     } else {
                         other
@@ -1034,7 +1034,7 @@ mod tests {
                     4_160,
                     &states,
                     &OutlierTable::default(),
-                    |e| work(load.get(&e).copied().unwrap_or(0)),
+                    |e| work(load.get(e).copied().unwrap_or(0)),
                     i,
                     &mut rng,
                 )
@@ -1076,7 +1076,7 @@ mod tests {
                     1_024,
                     &states,
                     &OutlierTable::default(),
-                    |e| work(load.get(&e).copied().unwrap_or(0)),
+                    |e| work(load.get(e).copied().unwrap_or(0)),
                     i,
                     &mut rng,
                 )
@@ -1112,7 +1112,7 @@ mod tests {
                 192,
                 &states,
                 &OutlierTable::default(),
-                |e| work(if e == ep(1) { ahead1 } else { ahead2 }),
+                |e| work(if *e == ep(1) { ahead1 } else { ahead2 }),
                 1,
                 rng,
             )

@@ -45,7 +45,7 @@ use crate::shared::endpoint_state::EndpointStates;
 pub fn stalled(
     pool: &[Endpoint],
     states: &EndpointStates,
-    inflight: impl Fn(Endpoint) -> InFlight,
+    inflight: impl Fn(&Endpoint) -> InFlight,
     now_ms: u64,
     stall_after_ms: u64,
     silence_ms: u64,
@@ -57,7 +57,7 @@ pub fn stalled(
     let suspects: Vec<Endpoint> = pool
         .iter()
         .copied()
-        .filter(|&e| check.suspect(&inflight(e), answered(e)))
+        .filter(|&e| check.suspect(&inflight(&e), answered(e)))
         .collect();
     if suspects.is_empty() {
         return suspects;
@@ -140,8 +140,8 @@ mod tests {
                 *at,
             );
         }
-        let view = |e: Endpoint| {
-            let i = pool.iter().position(|p| *p == e).unwrap();
+        let view = |e: &Endpoint| {
+            let i = pool.iter().position(|p| p == e).unwrap();
             InFlight {
                 requests: inflight[i].0,
                 tokens: 0,
@@ -219,7 +219,7 @@ mod tests {
     #[test]
     fn disabled_or_alone_never_stalls() {
         let pool = [ep(1)];
-        let view = |_| InFlight {
+        let view = |_: &Endpoint| InFlight {
             requests: 5,
             tokens: 0,
             waiting: 5,
@@ -245,10 +245,10 @@ mod tests {
                 at,
             );
         }
-        let view = |e: Endpoint| InFlight {
-            requests: u32::from(e == pool[0]),
+        let view = |e: &Endpoint| InFlight {
+            requests: u32::from(*e == pool[0]),
             tokens: 0,
-            waiting: u32::from(e == pool[0]),
+            waiting: u32::from(*e == pool[0]),
             progress_ms: now - W,
         };
         assert_eq!(

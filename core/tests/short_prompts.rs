@@ -73,7 +73,7 @@ fn kept(with_leaves: bool, seed: u64) -> usize {
                  rng: &mut fastrand::Rng| {
         let tokens = req.prompt_tokens(&cfg);
         let load = inflight.clone();
-        let get = move |e: Endpoint| load.get(&e).copied().unwrap_or_default();
+        let get = move |e: &Endpoint| load.get(e).copied().unwrap_or_default();
         let d = if with_leaves {
             r.decide(req.prompt(), tokens, &states, &none, get, now, rng)
         } else {
@@ -157,7 +157,7 @@ fn a_leaf_counts_less_than_a_full_block() {
         states.succeed(*e, MetricsSnapshot::default(), 0);
     }
     let none = OutlierTable::default();
-    let idle = |_| InFlight::default();
+    let idle = |_: &Endpoint| InFlight::default();
     let mut rng = fastrand::Rng::with_seed(1);
     let user = |n: usize| "lorem ipsum dolor sit amet ".repeat(n);
     // Turn 1: 2 full blocks and a 98-byte tail (one quarter: a leaf); turn 2
