@@ -29,6 +29,24 @@ pub struct Context<'a> {
     pub config: &'a SchedulingConfig,
 }
 
+impl Context<'_> {
+    /// Writes `f` of each kept candidate, in order, into `out` (cleared
+    /// first). `kept` only ever loses entries (filters retain, never add or
+    /// reorder), so when it is as long as `candidates` it is `0..n`: the
+    /// usual case, read straight from the candidates, with no index to load
+    /// and check per candidate.
+    #[inline]
+    pub fn each_kept(&self, kept: &[usize], out: &mut Vec<f64>, f: impl Fn(&Candidate) -> f64) {
+        out.clear();
+        if kept.len() == self.candidates.len() {
+            debug_assert!(kept.iter().enumerate().all(|(k, &i)| k == i));
+            out.extend(self.candidates.iter().map(f));
+        } else {
+            out.extend(kept.iter().map(|&i| f(&self.candidates[i])));
+        }
+    }
+}
+
 /// What a filter observed, for the decision's [`Reason`](super::Reason).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Note {

@@ -43,11 +43,7 @@ impl Scorer for InFlightRequestsScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        out.clear();
-        out.extend(
-            kept.iter()
-                .map(|&i| f64::from(ctx.candidates[i].inflight.requests)),
-        );
+        ctx.each_kept(kept, out, |c| f64::from(c.inflight.requests));
         spread_scores(out, ctx.config.min_range_inflight);
     }
 }

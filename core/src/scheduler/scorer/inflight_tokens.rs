@@ -41,11 +41,9 @@ impl Scorer for InFlightTokensScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        out.clear();
-        out.extend(kept.iter().map(|&i| {
-            let c = &ctx.candidates[i];
+        ctx.each_kept(kept, out, |c| {
             c.inflight.tokens as f64 + uncached_tokens(ctx.req, c)
-        }));
+        });
         spread_scores(out, ctx.config.min_range_tokens);
     }
 }

@@ -28,13 +28,12 @@ impl Scorer for KvCacheScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        out.clear();
-        out.extend(kept.iter().map(|&i| {
-            match ctx.candidates[i].snapshot.as_ref().and_then(|s| s.kv_usage) {
+        ctx.each_kept(kept, out, |c| {
+            match c.snapshot.as_ref().and_then(|s| s.kv_usage) {
                 Some(u) if u.is_finite() => 1.0 - u.clamp(0.0, 1.0),
                 _ => NEUTRAL,
             }
-        }));
+        });
     }
 }
 

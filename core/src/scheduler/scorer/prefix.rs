@@ -35,11 +35,7 @@ impl Scorer for PrefixScorer {
     }
 
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        out.clear();
-        out.extend(
-            kept.iter()
-                .map(|&i| prefix_fraction(ctx.req, &ctx.candidates[i])),
-        );
+        ctx.each_kept(kept, out, |c| prefix_fraction(ctx.req, c));
     }
 }
 

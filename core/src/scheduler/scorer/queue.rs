@@ -52,11 +52,7 @@ impl Scorer for QueueScorer {
     fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
         // Unknown (no fresh snapshot) is NaN for `spread_scores`; a queue
         // is never NaN itself.
-        out.clear();
-        out.extend(
-            kept.iter()
-                .map(|&i| effective_queue(&ctx.candidates[i]).unwrap_or(f64::NAN)),
-        );
+        ctx.each_kept(kept, out, |c| effective_queue(c).unwrap_or(f64::NAN));
         spread_scores(out, ctx.config.min_range_requests);
     }
 }
