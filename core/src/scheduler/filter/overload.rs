@@ -40,12 +40,15 @@ impl Filter for OverloadFilter {
         // Each candidate read once (at 1024 endpoints a second strided pass
         // over the candidates cost more than the arithmetic).
         // Unknown (no fresh snapshot) is NaN: a queue is never NaN itself.
-        let queues: Vec<f64> = kept
-            .iter()
-            .map(|&i| effective_queue(&ctx.candidates[i]).unwrap_or(f64::NAN))
-            .collect();
-        let min = min_ignoring_nan(&queues)?;
+        let mut queues = Vec::with_capacity(kept.len());
+        ctx.each_kept(kept, &mut queues, |c| {
+            effective_queue(c).unwrap_or(f64::NAN)
+        });
+        let (min, max) = extremes_ignoring_nan(&queues)?;
         let limit = min + ctx.config.gate_max_queue_excess;
+        if max <= limit {
+            return None; // nobody is over (the usual case): nothing to drop
+        }
         let mut queue = queues.into_iter();
         kept.retain(|_| {
             let q = queue.next().unwrap_or(f64::NAN);
@@ -55,21 +58,31 @@ impl Filter for OverloadFilter {
     }
 }
 
-/// `xs.iter().filter(|x| !x.is_nan()).reduce(f64::min)` (`None` if every
-/// value is NaN), in four independent chains of plain comparisons instead of
-/// one chain of NaN-aware minima.
-fn min_ignoring_nan(xs: &[f64]) -> Option<f64> {
+/// The least and the greatest non-NaN value of `xs` (`None` if every
+/// value is NaN): `xs.iter().filter(|x| !x.is_nan())` reduced with
+/// `f64::min` and `f64::max`, in four independent chains of plain
+/// comparisons instead of one chain of NaN-aware extremes.
+fn extremes_ignoring_nan(xs: &[f64]) -> Option<(f64, f64)> {
     let mut lo = [f64::INFINITY; 4];
+    let mut hi = [f64::NEG_INFINITY; 4];
     let mut number = false;
     for (i, &x) in xs.iter().enumerate() {
         number |= !x.is_nan();
-        let lane = &mut lo[i & 3];
         // A NaN compares false: skipped.
-        if x < *lane {
-            *lane = x;
+        let lane = i & 3;
+        if x < lo[lane] {
+            lo[lane] = x;
+        }
+        if x > hi[lane] {
+            hi[lane] = x;
         }
     }
-    number.then(|| lo.into_iter().fold(f64::INFINITY, f64::min))
+    number.then(|| {
+        (
+            lo.into_iter().fold(f64::INFINITY, f64::min),
+            hi.into_iter().fold(f64::NEG_INFINITY, f64::max),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -82,7 +95,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
-    fn min_ignoring_nan_is_the_reduce_it_replaced() {
+    fn extremes_ignoring_nan_are_the_reduces_they_replaced() {
         let mut rng = fastrand::Rng::with_seed(5);
         let odd = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
         for _ in 0..5000 {
@@ -92,8 +105,9 @@ mod tests {
                     _ => f64::from(rng.u8(0..9)),
                 })
                 .collect();
-            let want = xs.iter().copied().filter(|x| !x.is_nan()).reduce(f64::min);
-            let got = min_ignoring_nan(&xs);
+            let numbers = || xs.iter().copied().filter(|x| !x.is_nan());
+            let want = numbers().reduce(f64::min).zip(numbers().reduce(f64::max));
+            let got = extremes_ignoring_nan(&xs);
             assert_eq!(got, want, "{xs:?}");
         }
     }
