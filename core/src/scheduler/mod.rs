@@ -60,6 +60,7 @@ pub mod scorer;
 
 use crate::config::SchedulingConfig;
 use crate::endpoint::Endpoint;
+use crate::float::{min_num, non_negative};
 use crate::inflight::InFlight;
 use crate::metrics::lora::AdapterFit;
 use crate::metrics::MetricsSnapshot;
@@ -384,8 +385,9 @@ impl Scheduler {
             }
             s.score(ctx, kept, &mut raw);
             raw.resize(kept.len(), 0.0);
-            for (t, r) in total.iter_mut().zip(&raw) {
-                *t += if r.is_nan() { 0.0 } else { r.clamp(0.0, 1.0) } * weight;
+            for (t, &r) in total.iter_mut().zip(&raw) {
+                // Clamped to 0..1, NaN as 0: two selects.
+                *t += min_num(non_negative(r), 1.0) * weight;
             }
         }
         total
