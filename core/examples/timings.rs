@@ -62,7 +62,11 @@ fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
     let wanted = |name: &str| name.contains(&filter);
     let cfg = PrefixConfig::default();
-    for (label, size) in [("16KiB", 16 << 10), ("512KiB", 512 << 10)] {
+    for (label, size) in [
+        ("1KiB", 1 << 10),
+        ("16KiB", 16 << 10),
+        ("512KiB", 512 << 10),
+    ] {
         for (api, kind, body) in [
             (ApiKind::ChatCompletions, "chat", chat_body(size)),
             (ApiKind::Completions, "completions", completions_body(size)),
@@ -75,7 +79,7 @@ fn main() {
             }
         }
     }
-    for n in [8, 64, 256, 1024] {
+    for n in [2, 8, 64, 256, 1024] {
         let name = format!("decide/endpoints/{n}");
         if !wanted(&name) {
             continue;
