@@ -7,8 +7,8 @@
 //! them busy, 76 us of a 104 us decision (`cargo bench -p kvroute-core
 //! --bench core -- decide/`). [`SortedLookup`] resumes each lookup where
 //! the last one stopped, so a walk in ascending order is one merge pass over
-//! the table: an equality test for an endpoint that is in it, two
-//! comparisons for one that is not. A key behind the cursor (a second walk,
+//! the table: one comparison per endpoint, plus one per table entry that is
+//! not in the pool. A key behind the cursor (a second walk,
 //! or any other order) is found by binary search, so every order is
 //! answered correctly.
 
