@@ -167,6 +167,16 @@ fn bench_decide(c: &mut Criterion) {
             |b, request| b.iter(|| fixture.decide(black_box(request), &mut rng)),
         );
     }
+    // A request for one of two models, each on half the pool (`models`).
+    for n in [64, 1024] {
+        let fixture = DecideFixture::with_two_models(n);
+        let mut rng = fastrand::Rng::with_seed(23);
+        g.bench_with_input(
+            BenchmarkId::new("two_models", n),
+            fixture.request(),
+            |b, request| b.iter(|| fixture.decide(black_box(request), &mut rng)),
+        );
+    }
     g.finish();
 }
 

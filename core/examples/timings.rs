@@ -90,4 +90,15 @@ fn main() {
             black_box(fixture.decide(black_box(fixture.request()), &mut rng));
         });
     }
+    for n in [64, 1024] {
+        let name = format!("decide/two_models/{n}");
+        if !wanted(&name) {
+            continue;
+        }
+        let fixture = DecideFixture::with_two_models(n);
+        let mut rng = fastrand::Rng::with_seed(23);
+        time(&name, || {
+            black_box(fixture.decide(black_box(fixture.request()), &mut rng));
+        });
+    }
 }

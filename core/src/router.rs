@@ -106,12 +106,13 @@ impl Router {
         let saturation = &self.config.saturation;
         let stale_after = saturation.stale_after(self.config.metrics.scrape_interval_ms);
         let unknown = ScrapeState::default();
+        let serves = self.models.serves_in_order(scope);
         !self
             .pool
             .iter()
             .zip(states.aligned(&self.pool))
             .map(|(e, s)| (e, s.unwrap_or(&unknown)))
-            .filter(|(e, s)| self.serves(scope, **e, s))
+            .filter(|(e, s)| serves(e, s))
             .any(|(e, s)| {
                 let healthy = s.healthy(threshold) && !outliers.ejected(*e, now_ms);
                 !saturation.saturated(s, healthy, now_ms, stale_after)
@@ -268,6 +269,8 @@ impl Router {
         let entries = &states.entries;
         let mut next_entry = 0;
         let unknown = ScrapeState::default();
+        let serves = self.models.serves_in_order(scope);
+        let everyone = scope == Scope::All;
         let mut candidates: Vec<Candidate> = Vec::with_capacity(self.pool.len());
         // The pool's endpoints are compared where they lie, by reference: a
         // copy on the stack read back in parts stalled store forwarding
@@ -288,7 +291,7 @@ impl Router {
             let load = inflight(endpoint);
             let suspect = stall.is_some_and(|s| s.suspect(&load, state.answered_at_ms));
             others_alive |= stall.is_some_and(|s| !suspect && !s.silent(state.answered_at_ms));
-            if !self.serves(scope, *endpoint, state) {
+            if !everyone && !serves(endpoint, state) {
                 continue;
             }
             if suspect {
