@@ -79,23 +79,18 @@ fn main() {
             }
         }
     }
-    for n in [2, 8, 64, 256, 1024] {
-        let name = format!("decide/endpoints/{n}");
+    let pools = [2, 8, 64, 256, 1024].map(|n| ("endpoints", n, false));
+    let two_models = [64, 1024].map(|n| ("two_models", n, true));
+    for (label, n, models) in pools.into_iter().chain(two_models) {
+        let name = format!("decide/{label}/{n}");
         if !wanted(&name) {
             continue;
         }
-        let fixture = DecideFixture::new(n);
-        let mut rng = fastrand::Rng::with_seed(23);
-        time(&name, || {
-            black_box(fixture.decide(black_box(fixture.request()), &mut rng));
-        });
-    }
-    for n in [64, 1024] {
-        let name = format!("decide/two_models/{n}");
-        if !wanted(&name) {
-            continue;
-        }
-        let fixture = DecideFixture::with_two_models(n);
+        let fixture = if models {
+            DecideFixture::with_two_models(n)
+        } else {
+            DecideFixture::new(n)
+        };
         let mut rng = fastrand::Rng::with_seed(23);
         time(&name, || {
             black_box(fixture.decide(black_box(fixture.request()), &mut rng));
