@@ -167,15 +167,20 @@ fn bench_decide(c: &mut Criterion) {
             |b, request| b.iter(|| fixture.decide(black_box(request), &mut rng)),
         );
     }
-    // A request for one of two models, each on half the pool (`models`).
+    // A request for one of two models, each on half the pool (`models`),
+    // and passive health tracking a failure of every 16th endpoint.
     for n in [64, 1024] {
-        let fixture = DecideFixture::with_two_models(n);
-        let mut rng = fastrand::Rng::with_seed(23);
-        g.bench_with_input(
-            BenchmarkId::new("two_models", n),
-            fixture.request(),
-            |b, request| b.iter(|| fixture.decide(black_box(request), &mut rng)),
-        );
+        for (label, fixture) in [
+            ("two_models", DecideFixture::with_two_models(n)),
+            ("some_failing", DecideFixture::with_some_failing(n)),
+        ] {
+            let mut rng = fastrand::Rng::with_seed(23);
+            g.bench_with_input(
+                BenchmarkId::new(label, n),
+                fixture.request(),
+                |b, request| b.iter(|| fixture.decide(black_box(request), &mut rng)),
+            );
+        }
     }
     g.finish();
 }

@@ -79,18 +79,20 @@ fn main() {
             }
         }
     }
-    let pools = [2, 8, 64, 256, 1024].map(|n| ("endpoints", n, false));
-    let two_models = [64, 1024].map(|n| ("two_models", n, true));
-    for (label, n, models) in pools.into_iter().chain(two_models) {
+    type Build = fn(usize) -> DecideFixture;
+    let pools = [2, 8, 64, 256, 1024].map(|n| ("endpoints", n, DecideFixture::new as Build));
+    let variants = [64, 1024].into_iter().flat_map(|n| {
+        [
+            ("two_models", n, DecideFixture::with_two_models as Build),
+            ("some_failing", n, DecideFixture::with_some_failing as Build),
+        ]
+    });
+    for (label, n, build) in pools.into_iter().chain(variants) {
         let name = format!("decide/{label}/{n}");
         if !wanted(&name) {
             continue;
         }
-        let fixture = if models {
-            DecideFixture::with_two_models(n)
-        } else {
-            DecideFixture::new(n)
-        };
+        let fixture = build(n);
         let mut rng = fastrand::Rng::with_seed(23);
         time(&name, || {
             black_box(fixture.decide(black_box(fixture.request()), &mut rng));

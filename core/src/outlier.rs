@@ -25,6 +25,7 @@
 
 use crate::config::OutlierConfig;
 use crate::endpoint::Endpoint;
+use crate::sorted_lookup::SortedLookup;
 use serde::{Deserialize, Serialize};
 
 /// Passive-health state of one endpoint.
@@ -84,6 +85,19 @@ impl OutlierTable {
     /// True when `endpoint` is ejected at `now_ms`.
     pub fn ejected(&self, endpoint: Endpoint, now_ms: u64) -> bool {
         self.get(endpoint).ejected(now_ms)
+    }
+
+    /// [`Self::get`] for a walk over endpoints in ascending order (a
+    /// decision's walk over the pool): each lookup resumes where the last
+    /// one stopped (`sorted_lookup`) instead of a binary search per
+    /// endpoint; any order is still answered right.
+    pub fn lookup(&self) -> impl Fn(&Endpoint) -> OutlierState + '_ {
+        let cursor = SortedLookup::new(&self.entries, |(e, _)| e);
+        move |e| {
+            cursor
+                .get(e)
+                .map_or_else(OutlierState::default, |(_, s)| *s)
+        }
     }
 
     /// Endpoints ejected at `now_ms`.
@@ -190,6 +204,32 @@ mod tests {
             base_ejection_ms: 1_000,
             max_ejection_ms: 2_500,
             max_ejection_percent: 50,
+        }
+    }
+
+    #[test]
+    fn a_lookup_answers_what_get_answers_in_any_order() {
+        let mut rng = fastrand::Rng::with_seed(6);
+        for round in 0..300 {
+            let mut t = OutlierTable::default();
+            for _ in 0..rng.usize(0..30) {
+                let outcome = if rng.u8(0..4) == 0 {
+                    Outcome::Success
+                } else {
+                    Outcome::Failure
+                };
+                t.record(ep(rng.u8(1..40)), outcome, rng.u64(0..5_000), 40, &cfg());
+            }
+            let mut walk: Vec<Endpoint> =
+                (0..rng.usize(0..50)).map(|_| ep(rng.u8(1..40))).collect();
+            // Mostly ascending walks (a decision's), sometimes any order.
+            if rng.u8(0..4) != 0 {
+                walk.sort_unstable();
+            }
+            let lookup = t.lookup();
+            for e in &walk {
+                assert_eq!(lookup(e), t.get(*e), "round {round}: {e} in {t:?}");
+            }
         }
     }
 

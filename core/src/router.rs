@@ -107,6 +107,7 @@ impl Router {
         let stale_after = saturation.stale_after(self.config.metrics.scrape_interval_ms);
         let unknown = ScrapeState::default();
         let serves = self.models.serves_in_order(scope);
+        let outlier = outliers.lookup();
         !self
             .pool
             .iter()
@@ -114,7 +115,7 @@ impl Router {
             .map(|(e, s)| (e, s.unwrap_or(&unknown)))
             .filter(|(e, s)| serves(e, s))
             .any(|(e, s)| {
-                let healthy = s.healthy(threshold) && !outliers.ejected(*e, now_ms);
+                let healthy = s.healthy(threshold) && !outlier(e).ejected(now_ms);
                 !saturation.saturated(s, healthy, now_ms, stale_after)
             })
     }
@@ -271,6 +272,7 @@ impl Router {
         let unknown = ScrapeState::default();
         let serves = self.models.serves_in_order(scope);
         let everyone = scope == Scope::All;
+        let outlier = outliers.lookup();
         let mut candidates: Vec<Candidate> = Vec::with_capacity(self.pool.len());
         // The pool's endpoints are compared where they lie, by reference: a
         // copy on the stack read back in parts stalled store forwarding
@@ -302,7 +304,7 @@ impl Router {
                 snapshot: state.fresh(now_ms, stale_after),
                 adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
                 healthy: state.healthy(metrics.unhealthy_after_failures)
-                    && !outliers.ejected(*endpoint, now_ms),
+                    && !outlier(endpoint).ejected(now_ms),
                 matched_blocks: m.map_or(0, |m| m.blocks),
                 partial_block: m.map_or(0.0, |m| m.partial()),
                 inflight: load,
