@@ -71,12 +71,6 @@ impl Router {
         self.models.scope(model)
     }
 
-    /// Whether `endpoint` (scrape state `state`) may serve a request of
-    /// `scope` (`ModelPools::serves`).
-    pub fn serves(&self, scope: Scope, endpoint: Endpoint, state: &ScrapeState) -> bool {
-        self.models.serves(scope, endpoint, state)
-    }
-
     /// Whether a request of `objective` and `scope` is shed (429) at
     /// `now_ms`: its priority is negative and every endpoint that could
     /// serve it is saturated. Checks saturation only for sheddable requests.
