@@ -1,11 +1,16 @@
 //! The core's per-request work timed in the runtime the filter runs in:
-//! built for wasm32-wasip1 and run under Node, whose V8 is the engine of
-//! Envoy's wasm filters (`--no-liftoff`: optimized code up front, as
-//! Envoy's V8 compiles it). Built natively, the same program gives the
+//! built for wasm32-wasip1 and run under V8, the engine of Envoy's wasm
+//! filters (`--no-liftoff`: optimized code up front, as Envoy's V8
+//! compiles it). Envoy 1.40 carries V8 14.6; Deno 2.9 (a PyPI wheel:
+//! `pip install deno`) carries V8 15.0 and is the closer stand-in; Node 20
+//! carries V8 11.3, which can mislead (bench/README.md, "Core
+//! microbenchmarks": a hash change 14 % faster there was 3 % faster in
+//! Deno and a tie in Envoy). Built natively, the same program gives the
 //! host's times of the same work, for the ratio.
 //!
 //! ```sh
 //! cargo build --release --target wasm32-wasip1 -p kvroute-core --example timings
+//! deno run -A --v8-flags=--no-liftoff bench/wasm/run-wasi.mjs target/wasm32-wasip1/release/examples/timings.wasm [FILTER]
 //! node --no-liftoff --single-threaded-gc bench/wasm/run-wasi.mjs target/wasm32-wasip1/release/examples/timings.wasm [FILTER]
 //! cargo run --release -p kvroute-core --example timings [FILTER]     # natively
 //! ```
