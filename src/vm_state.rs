@@ -354,7 +354,7 @@ impl VmState {
             .then(|| debug_value(&decision, blocks.len()));
         Some(Routed {
             endpoint,
-            prediction: decision.prediction(),
+            prediction: decision.prediction,
             tokens,
             fallbacks,
             debug,

@@ -419,7 +419,14 @@ pub struct SchedulingConfig {
     /// fraction of the total weight of the best score count as equal, and
     /// the least recently picked of them wins.
     pub cold_margin: f64,
-    /// The predicted-TTFT model (`profile: predicted_ttft`).
+    /// `weighted` and `affinity_gate`: when their pick leaves the holder
+    /// of the longest prefix for load, keep the holder if the TTFT model
+    /// (`ttft`) prices it cheaper, its queue included, than the pick
+    /// (`Router::keep_cheaper_holder`). Off by default: it herds hot
+    /// prefixes (bench/README.md).
+    pub keep_cheaper_holder: bool,
+    /// The predicted-TTFT model (`profile: predicted_ttft`, and the
+    /// holder check of the other profiles).
     pub ttft: TtftConfig,
 }
 
@@ -436,6 +443,7 @@ impl Default for SchedulingConfig {
             min_range_inflight: 8.0,
             min_range_tokens: 4096.0,
             cold_margin: 0.05,
+            keep_cheaper_holder: false,
             ttft: TtftConfig::default(),
         }
     }

@@ -16,7 +16,7 @@ use crate::models::{ModelNotFound, ModelPools, Scope};
 use crate::objectives::Objective;
 use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, PrefixMatch, Prompt};
-use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
+use crate::scheduler::{Candidate, Decision, Reason, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use crate::stall::{self, StallCheck};
 use crate::ttft::{Prediction, TtftModel};
@@ -325,7 +325,60 @@ impl Router {
                 .scheduler
                 .pick_predicted(&facts, &candidates, &predictions, rng);
         }
-        self.scheduler.pick(&facts, &candidates, rng)
+        let mut decision = self.scheduler.pick(&facts, &candidates, rng)?;
+        self.keep_cheaper_holder(&mut decision, &candidates, prompt_tokens);
+        Some(decision)
+    }
+
+    /// `scheduling.keep_cheaper_holder` (off by default), for `weighted`
+    /// and `affinity_gate`: their load scores and filters work on a scale
+    /// of their own, so a few more requests queued on the holder of a long
+    /// prefix can outweigh the whole prefix, and the prompt is prefilled
+    /// again elsewhere (long-qa: a 60k-token document re-prefilled for
+    /// 2.6 s, the questions queued behind it waiting as long). When the
+    /// pick left a holder of the longest live prefix for load, this prices
+    /// both with the TTFT model (`ttft.rs`: the prefill queued ahead, the
+    /// decode load, the uncached tokens, and what the prefill delays the
+    /// requests there) and keeps the cheapest holder if it costs less than
+    /// the pick; a holder whose queue costs more than the prefill still
+    /// loses. It also records the chosen endpoint's prediction, which the
+    /// model learns from (`Decision::prediction`). Measured in
+    /// bench/README.md: fewer re-prefills under pressure and saturation;
+    /// it does nothing to spread a hot prefix whose requests are cheap to
+    /// serve where it is cached (the model prices prefill and decode load,
+    /// not the slower steps of a larger batch), hence opt-in.
+    fn keep_cheaper_holder(
+        &self,
+        decision: &mut Decision,
+        candidates: &[Candidate],
+        prompt_tokens: u64,
+    ) {
+        if !self.config.scheduling.keep_cheaper_holder {
+            return;
+        }
+        let cost = |c: &Candidate| self.prediction(c, prompt_tokens);
+        let Some(chosen) = candidates.iter().find(|c| c.endpoint == decision.endpoint) else {
+            return;
+        };
+        let mut prediction = cost(chosen);
+        if decision.reason == Reason::Load {
+            let longest = candidates
+                .iter()
+                .filter(|c| c.healthy)
+                .fold(0.0, |m, c| max_num(m, c.matched()));
+            let holder = candidates
+                .iter()
+                .filter(|c| c.healthy && c.matched() >= longest && c.matched() > chosen.matched())
+                .map(|c| (cost(c), c))
+                .min_by(|a, b| a.0.cost_ms.total_cmp(&b.0.cost_ms));
+            if let Some((p, h)) = holder.filter(|(p, _)| p.cost_ms < prediction.cost_ms) {
+                decision.endpoint = h.endpoint;
+                decision.reason = Reason::Prefix;
+                decision.matched_blocks = h.matched_blocks;
+                prediction = p;
+            }
+        }
+        decision.prediction = Some(prediction);
     }
 
     /// Up to `n` other scored candidates, best first: where Envoy's retries
@@ -343,29 +396,31 @@ impl Router {
 
     /// Each candidate's predicted TTFT (`ttft.rs`), in candidate order.
     fn predict(&self, candidates: &[Candidate], prompt_tokens: u64) -> Vec<Prediction> {
+        candidates
+            .iter()
+            .map(|c| self.prediction(c, prompt_tokens))
+            .collect()
+    }
+
+    /// One candidate's predicted TTFT (`ttft.rs`).
+    fn prediction(&self, c: &Candidate, prompt_tokens: u64) -> Prediction {
         let block_tokens = self.config.prefix.block_tokens as u64;
-        let mut predictions = Vec::with_capacity(candidates.len());
-        for c in candidates {
-            // A leaf match (part of a block) counts for its part.
-            let cached = c.matched() * block_tokens as f64;
-            let uncached = non_negative(prompt_tokens as f64 - cached);
-            let ahead = self.ahead_tokens(c.snapshot, c.inflight);
-            // Decoding there: the engine's count, or kvroute's requests
-            // past their first byte if more.
-            let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
-            let running = max_num(c.snapshot.map_or(0.0, |s| s.running), f64::from(own));
-            // Held there (decoding or waiting): the engine's count, or
-            // kvroute's if more (sent since the scrape).
-            let present = max_num(
-                c.snapshot.map_or(0.0, |s| s.running + s.waiting),
-                f64::from(c.inflight.requests),
-            );
-            predictions.push(
-                self.ttft
-                    .predict(&c.endpoint, ahead, uncached, running, present),
-            );
-        }
-        predictions
+        // A leaf match (part of a block) counts for its part.
+        let cached = c.matched() * block_tokens as f64;
+        let uncached = non_negative(prompt_tokens as f64 - cached);
+        let ahead = self.ahead_tokens(c.snapshot, c.inflight);
+        // Decoding there: the engine's count, or kvroute's requests past
+        // their first byte if more.
+        let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
+        let running = max_num(c.snapshot.map_or(0.0, |s| s.running), f64::from(own));
+        // Held there (decoding or waiting): the engine's count, or
+        // kvroute's if more (sent since the scrape).
+        let present = max_num(
+            c.snapshot.map_or(0.0, |s| s.running + s.waiting),
+            f64::from(c.inflight.requests),
+        );
+        self.ttft
+            .predict(&c.endpoint, ahead, uncached, running, present)
     }
 
     /// Prefill work ahead of a new request on an endpoint (`ttft.rs`):
@@ -381,7 +436,8 @@ impl Router {
     /// A request was routed with `uncached` tokens to prefill (the mean
     /// request size of the TTFT model).
     pub fn routed(&mut self, uncached: u64) {
-        if self.config.scheduling.profile == Profile::PredictedTtft {
+        let scheduling = &self.config.scheduling;
+        if scheduling.profile == Profile::PredictedTtft || scheduling.keep_cheaper_holder {
             self.ttft.routed(uncached);
         }
     }
@@ -597,9 +653,12 @@ mod tests {
                 affinity_key: None,
                 adapter: None,
             };
-            let want = r
-                .scheduler
-                .pick(&facts, &candidates, &mut fastrand::Rng::with_seed(seed));
+            let mut want =
+                r.scheduler
+                    .pick(&facts, &candidates, &mut fastrand::Rng::with_seed(seed));
+            if let Some(d) = &mut want {
+                r.keep_cheaper_holder(d, &candidates, facts.prompt_tokens);
+            }
             assert_eq!(got, want, "round {round}");
         }
     }
@@ -860,6 +919,7 @@ mod tests {
             matched_blocks: 0,
             scores: vec![(ep(1), 1.0), (ep(2), 5.0), (ep(3), 3.0), (ep(4), 2.0)],
             predictions: Vec::new(),
+            prediction: None,
         };
         assert_eq!(Router::fallbacks(&d, 2), vec![ep(3), ep(4)]);
         assert_eq!(Router::fallbacks(&d, 9).len(), 3);
@@ -913,6 +973,61 @@ mod tests {
     }
 
     #[test]
+    fn weighted_keeps_a_long_prefix_on_a_busy_holder_while_it_costs_less() {
+        let mut r = router(2);
+        let mut rng = fastrand::Rng::with_seed(1);
+        // The holder's engine queues 6 and runs 4; the other pod is idle.
+        let mut states = idle_states(&r, 0);
+        let busy = MetricsSnapshot {
+            waiting: 6.0,
+            running: 4.0,
+            ..MetricsSnapshot::default()
+        };
+        states.succeed(ep(1), busy, 0);
+        let doc: Vec<u64> = (1..=600).collect(); // 38 400 tokens
+        r.learn(ep(1), &doc[..590], 0);
+        // Twelve of kvroute's requests wait there with `ahead` tokens of
+        // prefill between them.
+        let decide = |r: &Router, ahead: u64, rng: &mut fastrand::Rng| {
+            r.decide(
+                &doc,
+                38_400,
+                &states,
+                &OutlierTable::default(),
+                |e| {
+                    if *e == ep(1) {
+                        waiting(12, ahead)
+                    } else {
+                        InFlight::default()
+                    }
+                },
+                1,
+                rng,
+            )
+            .unwrap()
+        };
+        // By default the load scores leave the holder for the idle pod: the
+        // whole document would be prefilled again.
+        let d = decide(&r, 10_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
+        assert_eq!(d.prediction, None);
+        // Priced by the TTFT model, 10 640 tokens behind the queue there
+        // cost less than 38 400 on the idle pod: the holder keeps it.
+        r.config.scheduling.keep_cheaper_holder = true;
+        let d = decide(&r, 10_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        assert_eq!(d.matched_blocks, 590);
+        let p = d.prediction.unwrap();
+        assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
+        // The pick it replaced stays a fallback.
+        assert_eq!(Router::fallbacks(&d, 1), vec![ep(2)]);
+        // A queue worth more than the whole prefill: the idle pod, by load.
+        let d = decide(&r, 40_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
+        assert_eq!(d.prediction.unwrap().uncached_tokens, 38_400.0);
+    }
+
+    #[test]
     fn ttft_keeps_a_long_prefix_on_a_busy_holder_until_its_queue_costs_more() {
         let mut r = ttft_router(2);
         let mut rng = fastrand::Rng::with_seed(1);
@@ -941,7 +1056,7 @@ mod tests {
         // (10k tokens queued) still wins, and says why.
         let d = decide(&r, 10_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
-        let p = d.prediction().unwrap();
+        let p = d.prediction.unwrap();
         assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
         assert_eq!(d.predictions.len(), 2);
         // Once its queue is worth more than prefilling the whole document

@@ -164,14 +164,10 @@ pub struct Decision {
     /// Each scored candidate's predicted TTFT, in the order of `scores`
     /// (`predicted_ttft` profile only; empty otherwise).
     pub predictions: Vec<Prediction>,
-}
-
-impl Decision {
-    /// The chosen endpoint's predicted TTFT, if one was made.
-    pub fn prediction(&self) -> Option<Prediction> {
-        let i = self.scores.iter().position(|(e, _)| *e == self.endpoint)?;
-        self.predictions.get(i).copied()
-    }
+    /// The chosen endpoint's predicted TTFT, when the router made one
+    /// (`predicted_ttft`, or `scheduling.keep_cheaper_holder`): what the
+    /// TTFT model learns from.
+    pub prediction: Option<Prediction>,
 }
 
 /// Runs a scheduling profile.
@@ -335,6 +331,9 @@ impl Scheduler {
             reason,
             matched_blocks: chosen.matched_blocks,
             scores,
+            prediction: predicted
+                .then(|| predictions.get(kept[k]).copied())
+                .flatten(),
             predictions: chosen_predictions,
         })
     }
