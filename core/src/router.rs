@@ -972,6 +972,26 @@ mod tests {
         waiting(u32::from(tokens > 0), tokens)
     }
 
+    /// The decision for `doc` (600 blocks, 38 400 tokens) with `holder` in
+    /// flight on endpoint 1 and nothing elsewhere.
+    fn decide_doc(
+        r: &Router,
+        doc: &[u64],
+        states: &EndpointStates,
+        holder: InFlight,
+        rng: &mut fastrand::Rng,
+    ) -> Decision {
+        let load = |e: &Endpoint| {
+            if *e == ep(1) {
+                holder
+            } else {
+                InFlight::default()
+            }
+        };
+        r.decide(doc, 38_400, states, &OutlierTable::default(), load, 1, rng)
+            .unwrap()
+    }
+
     #[test]
     fn weighted_keeps_a_long_prefix_on_a_busy_holder_while_it_costs_less() {
         let mut r = router(2);
@@ -989,22 +1009,7 @@ mod tests {
         // Twelve of kvroute's requests wait there with `ahead` tokens of
         // prefill between them.
         let decide = |r: &Router, ahead: u64, rng: &mut fastrand::Rng| {
-            r.decide(
-                &doc,
-                38_400,
-                &states,
-                &OutlierTable::default(),
-                |e| {
-                    if *e == ep(1) {
-                        waiting(12, ahead)
-                    } else {
-                        InFlight::default()
-                    }
-                },
-                1,
-                rng,
-            )
-            .unwrap()
+            decide_doc(r, &doc, &states, waiting(12, ahead), rng)
         };
         // By default the load scores leave the holder for the idle pod: the
         // whole document would be prefilled again.
@@ -1035,22 +1040,7 @@ mod tests {
         let doc: Vec<u64> = (1..=600).collect(); // 38 400 tokens
         r.learn(ep(1), &doc[..590], 0);
         let decide = |r: &Router, ahead: u64, rng: &mut fastrand::Rng| {
-            r.decide(
-                &doc,
-                38_400,
-                &states,
-                &OutlierTable::default(),
-                |e| {
-                    if *e == ep(1) {
-                        work(ahead)
-                    } else {
-                        InFlight::default()
-                    }
-                },
-                1,
-                rng,
-            )
-            .unwrap()
+            decide_doc(r, &doc, &states, work(ahead), rng)
         };
         // 640 uncached tokens there vs 38 400 on the idle pod: a busy holder
         // (10k tokens queued) still wins, and says why.
