@@ -422,8 +422,9 @@ pub struct SchedulingConfig {
     /// `weighted` and `affinity_gate`: when their pick leaves the holder
     /// of the longest prefix for load, keep the holder if the TTFT model
     /// (`ttft`) prices it cheaper, its queue included, than the pick
-    /// (`Router::keep_cheaper_holder`). Off by default: it herds hot
-    /// prefixes (bench/README.md).
+    /// (`Router::keep_cheaper_holder`). Off by default: a win under
+    /// simulated pressure and saturation, a tie on real llama.cpp pods, no
+    /// help for hot spots (bench/README.md).
     pub keep_cheaper_holder: bool,
     /// The predicted-TTFT model (`profile: predicted_ttft`, and the
     /// holder check of the other profiles).

@@ -331,9 +331,8 @@ impl Scheduler {
             reason,
             matched_blocks: chosen.matched_blocks,
             scores,
-            prediction: predicted
-                .then(|| predictions.get(kept[k]).copied())
-                .flatten(),
+            // Empty unless `predicted_ttft` (`pick` passes none).
+            prediction: predictions.get(kept[k]).copied(),
             predictions: chosen_predictions,
         })
     }
