@@ -1050,12 +1050,14 @@ mod tests {
         assert_eq!(c.scheduling.min_range_inflight, 8.0);
         assert_eq!(c.scheduling.min_range_tokens, 4096.0);
         assert_eq!(c.scheduling.cold_margin, 0.05);
+        assert!(!c.scheduling.keep_cheaper_holder);
         assert_eq!(c.allowed_paths, default_allowed_paths());
         let c = parse(
-            r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0}}"#,
+            r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0,"keep_cheaper_holder":true}}"#,
         )
         .unwrap();
         assert_eq!(c.scheduling.min_range_requests, 0.0);
+        assert!(c.scheduling.keep_cheaper_holder);
         assert_eq!(c.scheduling.gate_max_tokens_excess, Some(286_720.0));
         let c =
             parse(r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":null}}"#)
