@@ -39,6 +39,24 @@ impl Endpoint {
         }
         out.extend_from_slice(&self.0.port().to_le_bytes());
     }
+
+    /// Reads [`encode_into`](Self::encode_into)'s form from the front of
+    /// `r`, advancing it; `None` for an unknown family, a short input or
+    /// port 0.
+    pub fn decode_from(r: &mut &[u8]) -> Option<Endpoint> {
+        fn next<const N: usize>(r: &mut &[u8]) -> Option<[u8; N]> {
+            let (head, rest) = r.split_first_chunk::<N>()?;
+            *r = rest;
+            Some(*head)
+        }
+        let ip = match next::<1>(r)?[0] {
+            4 => IpAddr::from(next::<4>(r)?),
+            6 => IpAddr::from(next::<16>(r)?),
+            _ => return None,
+        };
+        let port = u16::from_le_bytes(next(r)?);
+        (port != 0).then(|| Endpoint(SocketAddr::new(ip, port)))
+    }
 }
 
 /// Why a string is not an endpoint.

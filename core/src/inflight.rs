@@ -40,7 +40,6 @@
 use crate::endpoint::Endpoint;
 use crate::sorted_lookup::SortedLookup;
 use serde::{Deserialize, Serialize};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// Outstanding work kvroute sent to one endpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,16 +195,7 @@ impl InFlightTable {
         let n = u16::from_le_bytes(r.array()?) as usize;
         let mut entries: Vec<(Endpoint, InFlight)> = Vec::with_capacity(n.min(1024));
         for _ in 0..n {
-            let ip = match r.take(1)?[0] {
-                4 => IpAddr::V4(Ipv4Addr::from(r.array::<4>()?)),
-                6 => IpAddr::V6(Ipv6Addr::from(r.array::<16>()?)),
-                _ => return None,
-            };
-            let port = u16::from_le_bytes(r.array()?);
-            if port == 0 {
-                return None;
-            }
-            let e = Endpoint::new(SocketAddr::new(ip, port));
+            let e = Endpoint::decode_from(&mut r.0)?;
             let v = InFlight {
                 requests: u32::from_le_bytes(r.array()?),
                 tokens: u64::from_le_bytes(r.array()?),

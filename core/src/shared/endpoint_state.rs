@@ -10,7 +10,6 @@ use crate::metrics::scrape::ScrapeOutcome;
 use crate::metrics::MetricsSnapshot;
 use crate::models::served::{ServedModels, MAX_IDS};
 use serde::{Deserialize, Serialize};
-use std::net::{IpAddr, SocketAddr};
 
 /// Scrape state of one endpoint.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -374,15 +373,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
     }
     let mut entries = Vec::with_capacity(n);
     for _ in 0..n {
-        let ip = match next::<1>(r)?[0] {
-            4 => IpAddr::from(next::<4>(r)?),
-            6 => IpAddr::from(next::<16>(r)?),
-            _ => return None,
-        };
-        let port = u16::from_le_bytes(next(r)?);
-        if port == 0 {
-            return None;
-        }
+        let endpoint = Endpoint::decode_from(r)?;
         let mut s = ScrapeState {
             scraped_at_ms: u64::from_le_bytes(next(r)?),
             answered_at_ms: u64::from_le_bytes(next(r)?),
@@ -420,7 +411,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
         if flags & 0x10 != 0 {
             s.served = Some(decode_served(r)?);
         }
-        entries.push((Endpoint::new(SocketAddr::new(ip, port)), s));
+        entries.push((endpoint, s));
     }
     r.is_empty().then_some(EndpointStates { entries })
 }
