@@ -41,6 +41,9 @@ pub enum Counter {
     DecisionCold,
     /// Decisions made without a healthy candidate.
     DecisionFallback,
+    /// Decisions where `keep_cheaper_holder` kept a prefix holder the
+    /// scores would have left (also counted as prefix decisions).
+    DecisionKeptByCost,
     /// Successful `/metrics` scrapes.
     ScrapeSuccess,
     /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
@@ -93,7 +96,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 36] = [
+const COUNTERS: [(Counter, &str); 37] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -110,6 +113,7 @@ const COUNTERS: [(Counter, &str); 36] = [
     (Counter::DecisionLoad, "kvroute.decision.load"),
     (Counter::DecisionCold, "kvroute.decision.cold"),
     (Counter::DecisionFallback, "kvroute.decision.fallback"),
+    (Counter::DecisionKeptByCost, "kvroute.decision.kept_by_cost"),
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),

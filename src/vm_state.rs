@@ -78,6 +78,13 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
     for (i, (e, s)) in d.scores.iter().enumerate() {
         let _ = write!(v, "{}{}={:.3}", if i > 0 { "," } else { "" }, e, s);
     }
+    if let (Some((over, over_ms)), Some(p)) = (d.kept_over, d.prediction) {
+        let _ = write!(
+            v,
+            "; kept_by_cost={}={:.0}ms over {}={:.0}ms",
+            d.endpoint, p.cost_ms, over, over_ms
+        );
+    }
     if !d.predictions.is_empty() {
         v.push_str("; ttft=");
         for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
@@ -353,6 +360,9 @@ impl VmState {
             .update_inflight_from(snapshot, |t| t.add(endpoint, tokens, now_ms));
         self.stats.inc(Counter::Routed);
         self.stats.decision(decision.reason);
+        if decision.kept_over.is_some() {
+            self.stats.inc(Counter::DecisionKeptByCost);
+        }
         self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
         if !blocks.is_empty() {
             self.stats

@@ -151,3 +151,61 @@ fn every_worker_learns_what_one_worker_saw() {
         );
     }
 }
+
+/// `scheduling.keep_cheaper_holder` with the default `weighted` profile: a
+/// 30k-token document's holder reports a queue deep enough for the overload
+/// filter to drop it. Without the flag the follow-up question goes to the
+/// other pod by load (the whole document prefilled again); with it the TTFT
+/// model prices the short queue of short requests below that prefill, keeps
+/// the holder, and says so in the debug header and the stats.
+#[test]
+fn keep_cheaper_holder_keeps_a_document_on_its_queueing_holder() {
+    let doc = "the contract says the following about liability ".repeat(2_500);
+    let ask = |envoy: &Envoy, question: &str| {
+        let body = json!({"model": MODEL, "max_tokens": 1, "prompt": format!("{doc}\n{question}")});
+        let r = post_json(&envoy.url("/v1/completions"), &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r
+    };
+    for keep in [false, true] {
+        let sim = Sim::start(2, &["--time-scale", "0.05"]);
+        let envoy = Envoy::start(
+            &sim.endpoints(),
+            json!({"debug_header": DEBUG, "scheduling": {"keep_cheaper_holder": keep}}),
+            1,
+        );
+        // Short cold requests first: what kvroute's requests usually cost.
+        for i in 0..10 {
+            probe_short(&envoy, i);
+        }
+        let holder = ask(&envoy, "Who pays?").pod().expect("pod header");
+        // Its engine now queues 9 requests kvroute did not send (the overload
+        // filter drops an endpoint 8 deeper than the least loaded).
+        sim.fault(holder, json!({"queue_inflate": 9}));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let r = ask(&envoy, "Who pays, and when?");
+        let debug = r.header(DEBUG).expect("debug header").to_string();
+        let kept = envoy.stat("wasmcustom.kvroute.decision.kept_by_cost");
+        if keep {
+            assert_eq!(r.pod(), Some(holder), "{debug}");
+            assert!(debug.contains("reason=Prefix"), "{debug}");
+            let other = sim.endpoint(1 - holder);
+            assert!(
+                debug.contains(&format!("kept_by_cost={}=", sim.endpoint(holder)))
+                    && debug.contains(&format!(" over {other}=")),
+                "{debug}"
+            );
+            assert_eq!(kept, 1.0);
+        } else {
+            assert_eq!(r.pod(), Some(1 - holder), "{debug}");
+            assert!(debug.contains("reason=Load"), "{debug}");
+            assert!(!debug.contains("kept_by_cost"), "{debug}");
+            assert_eq!(kept, 0.0);
+        }
+    }
+}
+
+fn probe_short(envoy: &Envoy, i: usize) {
+    let body = json!({"model": MODEL, "max_tokens": 1, "prompt": format!("short question number {i} ").repeat(8)});
+    assert_eq!(post_json(&envoy.url("/v1/completions"), &body).status, 200);
+}

@@ -372,6 +372,7 @@ impl Router {
                 .map(|c| (cost(c), c))
                 .min_by(|a, b| a.0.cost_ms.total_cmp(&b.0.cost_ms));
             if let Some((p, h)) = holder.filter(|(p, _)| p.cost_ms < prediction.cost_ms) {
+                decision.kept_over = Some((decision.endpoint, prediction.cost_ms));
                 decision.endpoint = h.endpoint;
                 decision.reason = Reason::Prefix;
                 decision.matched_blocks = h.matched_blocks;
@@ -926,6 +927,7 @@ mod tests {
             scores: vec![(ep(1), 1.0), (ep(2), 5.0), (ep(3), 3.0), (ep(4), 2.0)],
             predictions: Vec::new(),
             prediction: None,
+            kept_over: None,
         };
         assert_eq!(Router::fallbacks(&d, 2), vec![ep(3), ep(4)]);
         assert_eq!(Router::fallbacks(&d, 9).len(), 3);
@@ -1021,7 +1023,7 @@ mod tests {
         // whole document would be prefilled again.
         let d = decide(&r, 10_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
-        assert_eq!(d.prediction, None);
+        assert_eq!((d.prediction, d.kept_over), (None, None));
         // Priced by the TTFT model, 10 640 tokens behind the queue there
         // cost less than 38 400 on the idle pod: the holder keeps it.
         r.config.scheduling.keep_cheaper_holder = true;
@@ -1030,12 +1032,16 @@ mod tests {
         assert_eq!(d.matched_blocks, 590);
         let p = d.prediction.unwrap();
         assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
-        // The pick it replaced stays a fallback.
+        // The pick it replaced stays a fallback, and the decision says so.
         assert_eq!(Router::fallbacks(&d, 1), vec![ep(2)]);
+        let (over, cost) = d.kept_over.unwrap();
+        assert_eq!(over, ep(2));
+        assert!(cost > p.cost_ms, "{cost} vs {p:?}");
         // A queue worth more than the whole prefill: the idle pod, by load.
         let d = decide(&r, 40_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!(d.prediction.unwrap().uncached_tokens, 38_400.0);
+        assert_eq!(d.kept_over, None);
     }
 
     #[test]

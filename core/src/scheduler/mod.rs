@@ -168,6 +168,10 @@ pub struct Decision {
     /// (`predicted_ttft`, or `scheduling.keep_cheaper_holder`): what the
     /// TTFT model learns from.
     pub prediction: Option<Prediction>,
+    /// The pick `scheduling.keep_cheaper_holder` replaced by a cheaper
+    /// holder of the prefix, and its predicted cost (ms); `None` when the
+    /// scores' pick stood.
+    pub kept_over: Option<(Endpoint, f64)>,
 }
 
 /// Runs a scheduling profile.
@@ -334,6 +338,7 @@ impl Scheduler {
             // Empty unless `predicted_ttft` (`pick` passes none).
             prediction: predictions.get(kept[k]).copied(),
             predictions: chosen_predictions,
+            kept_over: None,
         })
     }
 }
