@@ -11,7 +11,6 @@
 //! | `outliers` | passive-health streaks and ejections | 5xx responses (and the success after one), CAS |
 //! | `log/head` | next decision-log sequence number | every decision, CAS |
 //! | `log/<slot>` | one decision (endpoint + block hashes), own or a peer's | its appender |
-//! | `ttft/log` | the last 256 streamed first bytes, for every worker's TTFT model (`shared::ttft_log`) | each worker's tick, when it has new ones (TTFT model in use), CAS |
 //! | `replica` | this gateway's replica id (random per Envoy process) | the first VM |
 //! | `peers` | peers' cursors, last answer and in-flight work (JSON) | the lease holder (peers on), CAS |
 //!
@@ -29,7 +28,6 @@ use kvroute_core::peer::wire::AnswerBuilder;
 use kvroute_core::shared::decision_log::{slot_of, LogEntry};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use kvroute_core::shared::lease::Lease;
-use kvroute_core::shared::ttft_log::TtftLog;
 use proxy_wasm::hostcalls::{get_shared_data, set_shared_data};
 use proxy_wasm::types::Status;
 
@@ -51,7 +49,6 @@ pub struct SharedStore {
     log_head: String,
     log_slot: String,
     log_slots: u32,
-    ttft_log: String,
     replica: String,
     peers: String,
 }
@@ -113,7 +110,6 @@ impl SharedStore {
             log_head: format!("{prefix}log/head"),
             log_slot: format!("{prefix}log/"),
             log_slots,
-            ttft_log: format!("{prefix}ttft/log"),
             replica: format!("{prefix}replica"),
             peers: format!("{prefix}peers"),
         }
@@ -129,7 +125,6 @@ impl SharedStore {
             (&self.outliers, OutlierTable::default().encode()),
             (&self.log_head, 0u64.to_le_bytes().to_vec()),
             (&self.peers, PeerTable::default().encode()),
-            (&self.ttft_log, TtftLog::default().encode()),
         ] {
             if get(key).1.is_none() {
                 let _ = set_shared_data(key, Some(&empty), None);
@@ -246,16 +241,6 @@ impl SharedStore {
             OutlierTable::encode,
             f,
         )
-    }
-
-    /// The workers' recent TTFT observations.
-    pub fn ttft_log(&self) -> TtftLog {
-        read_value(&self.ttft_log, TtftLog::decode)
-    }
-
-    /// Updates the TTFT observations; returns the value written.
-    pub fn update_ttft_log(&self, f: impl FnMut(&mut TtftLog)) -> TtftLog {
-        self.update_value(&self.ttft_log, TtftLog::decode, TtftLog::encode, f)
     }
 
     /// CAS read-modify-write of a decoded value (undecodable counts as

@@ -50,9 +50,6 @@ pub enum Counter {
     ScrapeFailure,
     /// Decision-log entries overwritten before this VM replayed them.
     LogLost,
-    /// Other workers' TTFT observations overwritten before this VM learnt
-    /// them (`shared::ttft_log`).
-    TtftLost,
     /// Endpoints ejected by passive health (consecutive 5xx).
     OutlierEjected,
     /// Requests the chosen endpoint sent no response byte for (connect
@@ -96,7 +93,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 37] = [
+const COUNTERS: [(Counter, &str); 36] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -117,7 +114,6 @@ const COUNTERS: [(Counter, &str); 37] = [
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),
-    (Counter::TtftLost, "kvroute.ttft_log_lost"),
     (Counter::OutlierEjected, "kvroute.outlier.ejected"),
     (Counter::Unanswered, "kvroute.failover.unanswered"),
     (Counter::Stalled, "kvroute.failover.stalled"),

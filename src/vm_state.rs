@@ -21,8 +21,7 @@ use kvroute_core::scheduler::Decision;
 use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
-use kvroute_core::shared::ttft_log::{self, TtftLog};
-use kvroute_core::ttft::{Observation, Prediction};
+use kvroute_core::ttft::Prediction;
 use log::warn;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -42,8 +41,9 @@ const _: () = assert!(FALLBACKS < kvroute_core::scheduler::SCORES_KEPT);
 pub struct Routed {
     /// The chosen endpoint.
     pub endpoint: Endpoint,
-    /// Its predicted TTFT (when the TTFT model is in use): what the model
-    /// learns from when the first byte comes.
+    /// Its predicted TTFT (when the TTFT model is in use: `predicted_ttft`
+    /// or `keep_cheaper_holder`): what the model learns from when the first
+    /// byte comes.
     pub prediction: Option<Prediction>,
     /// Uncached prompt tokens added to the endpoint's in-flight count.
     pub tokens: u64,
@@ -138,12 +138,6 @@ pub struct VmState {
     inflight_gauges: HashMap<Endpoint, u64>,
     /// When this VM last wrote them.
     gauges_at_ms: u64,
-    /// First bytes this VM learnt from since its last tick, for the other
-    /// workers (`shared::ttft_log`; at most its capacity).
-    ttft_unshared: Vec<Observation>,
-    /// Next sequence number of the shared TTFT observations to learn
-    /// (`None` before the first look, which learns whatever the ring holds).
-    ttft_cursor: Option<u64>,
 }
 
 impl VmState {
@@ -173,8 +167,6 @@ impl VmState {
             inflight_gauges: HashMap::new(),
             gauges_at_ms: 0,
             deferred: Deferred::default(),
-            ttft_unshared: Vec::new(),
-            ttft_cursor: None,
         }
     }
 
@@ -247,7 +239,6 @@ impl VmState {
         if self.routes {
             self.replay_log();
             self.apply_deferred(None);
-            self.share_ttft();
         } else {
             // Nothing to learn for: keep only the cursor within the ring, so
             // a first request replays at most one ring, as on start-up.
@@ -287,11 +278,6 @@ impl VmState {
     ) -> Option<Routed> {
         self.routes = true;
         let head = self.replay_log();
-        if self.ttft_cursor.is_none() {
-            // This VM's first decision: the other workers' first bytes so
-            // far (later ones come with each tick).
-            self.share_ttft();
-        }
         let (prompt, prompt_tokens) = match request {
             Some(r) => (r.prompt(), r.prompt_tokens(&self.config().prefix)),
             None => (Prompt::default(), 0),
@@ -426,50 +412,18 @@ impl VmState {
         self.learn_first_byte(routed, stream, answered_ms);
     }
 
-    /// A stream's first chunk teaches the TTFT model (see `first_chunk`):
-    /// this VM's at once, the other workers' at its next tick.
+    /// A stream's first chunk teaches the TTFT model (see `first_chunk`).
     fn learn_first_byte(&mut self, routed: &Routed, stream: bool, now_ms: u64) {
-        let Some(p) = routed.prediction.filter(|_| stream) else {
-            return;
-        };
-        let o = Observation {
-            endpoint: routed.endpoint,
-            work_tokens: (p.ahead_tokens + p.uncached_tokens) as u64,
-            running: p.running,
-            ttft_ms: now_ms.saturating_sub(routed.at_ms),
-        };
-        self.router.first_byte(&o);
-        if self.ttft_unshared.len() == ttft_log::CAPACITY {
-            self.ttft_unshared.remove(0);
+        let endpoint = routed.endpoint;
+        if let Some(p) = routed.prediction.filter(|_| stream) {
+            let work = (p.ahead_tokens + p.uncached_tokens) as u64;
+            self.router.first_byte(
+                endpoint,
+                work,
+                p.running,
+                now_ms.saturating_sub(routed.at_ms),
+            );
         }
-        self.ttft_unshared.push(o);
-    }
-
-    /// Once a tick, while the TTFT model is in use: hands this VM's new
-    /// first bytes to the other workers and learns theirs (one shared-data
-    /// read, or one CAS update when it has new ones of its own).
-    fn share_ttft(&mut self) {
-        if !self.router.learns_ttft() {
-            return;
-        }
-        let log = if self.ttft_unshared.is_empty() {
-            self.store.ttft_log()
-        } else {
-            let (me, mine) = (self.vm_id, &self.ttft_unshared);
-            let log = self
-                .store
-                .update_ttft_log(|log: &mut TtftLog| log.append(me, mine.iter().copied()));
-            self.ttft_unshared.clear();
-            log
-        };
-        let unseen = log.unseen(self.vm_id, self.ttft_cursor.unwrap_or(0));
-        if self.ttft_cursor.is_some() && unseen.lost > 0 {
-            self.stats.add(Counter::TtftLost, unseen.lost);
-        }
-        for o in unseen.observations {
-            self.router.first_byte(o);
-        }
-        self.ttft_cursor = Some(unseen.next_seq);
     }
 
     /// Envoy got no response byte from the chosen endpoint (connect failure,

@@ -19,7 +19,7 @@ use crate::prefix::{PrefixIndex, PrefixMatch, Prompt};
 use crate::scheduler::{Candidate, Decision, Reason, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use crate::stall::{self, StallCheck};
-use crate::ttft::{Observation, Prediction, TtftModel};
+use crate::ttft::{Prediction, TtftModel};
 use hashbrown::HashMap;
 
 /// Pool, prefix index and scheduler of one VM.
@@ -434,28 +434,22 @@ impl Router {
         inflight.tokens as f64 + foreign * self.ttft.mean_uncached_tokens()
     }
 
-    /// Whether decisions use the TTFT model (`predicted_ttft`, or
-    /// `scheduling.keep_cheaper_holder`): only then does it learn.
-    pub fn learns_ttft(&self) -> bool {
-        let scheduling = &self.config.scheduling;
-        scheduling.profile == Profile::PredictedTtft || scheduling.keep_cheaper_holder
-    }
-
     /// A request was routed with `uncached` tokens to prefill (the mean
     /// request size of the TTFT model).
     pub fn routed(&mut self, uncached: u64) {
-        if self.learns_ttft() {
+        let scheduling = &self.config.scheduling;
+        if scheduling.profile == Profile::PredictedTtft || scheduling.keep_cheaper_holder {
             self.ttft.routed(uncached);
         }
     }
 
-    /// A streaming response's first byte (this worker's or another's,
-    /// `shared::ttft_log`): teaches the TTFT model. Ignores endpoints
-    /// outside the pool.
-    pub fn first_byte(&mut self, o: &Observation) {
-        if self.contains(o.endpoint) {
-            self.ttft
-                .observe(o.endpoint, o.work_tokens, o.running, o.ttft_ms);
+    /// `endpoint` sent the first byte of a streaming response `ttft_ms`
+    /// after routing; the request had `work_tokens` of prefill to wait for
+    /// (the prediction's ahead + uncached) while `running` requests decoded
+    /// there. Teaches the TTFT model.
+    pub fn first_byte(&mut self, endpoint: Endpoint, work_tokens: u64, running: f64, ttft_ms: u64) {
+        if self.contains(endpoint) {
+            self.ttft.observe(endpoint, work_tokens, running, ttft_ms);
         }
     }
 
@@ -1215,14 +1209,8 @@ mod tests {
         let states = idle_states(&r, 0);
         // Endpoint 1 answers ten times slower per token.
         for _ in 0..20 {
-            let seen = |endpoint, ttft_ms| Observation {
-                endpoint,
-                work_tokens: 4_000,
-                running: 0.0,
-                ttft_ms,
-            };
-            r.first_byte(&seen(ep(1), 20 + 4_000));
-            r.first_byte(&seen(ep(2), 20 + 400));
+            r.first_byte(ep(1), 4_000, 0.0, 20 + 4_000);
+            r.first_byte(ep(2), 4_000, 0.0, 20 + 400);
         }
         // A request with equal work ahead everywhere goes to the fast one,
         // and keeps going there until its queue is over ten times longer

@@ -63,10 +63,8 @@
 //! observed for 256 fleet observations drifts back to 1 (an endpoint learnt
 //! slow and since avoided is tried again). Memory: a 3x3 fit and two
 //! numbers per endpoint (removed with it). No clock is read here: the shell
-//! passes the times. Every Envoy worker learns every worker's observations
-//! (`shared::ttft_log`: its own at once, the others' at its next tick), so
-//! the workers' models agree; a VM that starts (or restarts) learns the last
-//! 256 at its first decision. The mean request size is each worker's own.
+//! passes the times. A restarted VM starts from the priors and relearns
+//! within a few requests.
 
 use crate::config::TtftConfig;
 use crate::endpoint::Endpoint;
@@ -219,19 +217,6 @@ struct Learnt {
     factor: LogMean,
     /// The fleet's observation count when this endpoint was last observed.
     seen_at: u64,
-}
-
-/// One streamed first byte, what [`TtftModel::observe`] learns from.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Observation {
-    /// The endpoint that answered.
-    pub endpoint: Endpoint,
-    /// Prefill tokens the request waited for (ahead + its own uncached).
-    pub work_tokens: u64,
-    /// Requests decoding there when it was routed.
-    pub running: f64,
-    /// Routing to first byte, ms.
-    pub ttft_ms: u64,
 }
 
 /// One endpoint's predicted TTFT for one request, with its parts.

@@ -78,29 +78,6 @@ impl Reply {
     }
 }
 
-/// A client whose requests share one kept-alive connection (so one Envoy
-/// worker handles them all), unlike the helpers above, which open a fresh
-/// connection per request.
-pub struct OneConnection(ureq::Agent);
-
-impl OneConnection {
-    /// A client with no connection yet.
-    pub fn new() -> Self {
-        OneConnection(agent())
-    }
-
-    /// POST a JSON body on the kept connection and read the whole answer.
-    pub fn post_json(&self, url: &str, body: &Value) -> Reply {
-        reply(
-            self.0
-                .post(url)
-                .header("content-type", "application/json")
-                .send(&serde_json::to_vec(body).unwrap()[..])
-                .unwrap_or_else(|e| panic!("POST {url}: {e}")),
-        )
-    }
-}
-
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)

@@ -6,4 +6,3 @@ pub mod decision_log;
 pub mod deferred;
 pub mod endpoint_state;
 pub mod lease;
-pub mod ttft_log;
