@@ -138,7 +138,8 @@ fn keep_cheaper_holder_keeps_a_document_on_its_queueing_holder() {
             json!({"debug_header": DEBUG, "scheduling": {"keep_cheaper_holder": keep}}),
             1,
         );
-        // Short cold requests first: what kvroute's requests usually cost.
+        // Short requests first: the model prices queued requests kvroute
+        // did not send at the mean size of those it routed.
         for i in 0..10 {
             probe_short(&envoy, i);
         }
