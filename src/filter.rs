@@ -67,6 +67,10 @@ pub struct RequestFilter {
     chosen_answered: bool,
     /// The client asked for a stream (`"stream": true`).
     stream: bool,
+    /// The response status is 2xx: the engine prefilled the prompt (an
+    /// error answer, a 429 or a 400 as much as a 5xx, comes at once and
+    /// says nothing of its prefill rate).
+    answer_ok: bool,
     /// A `POST` kvroute does not hash (`/v1/embeddings`, ...) whose body is
     /// buffered only for its `model` (with `models` configured).
     read_model: bool,
@@ -87,9 +91,16 @@ impl RequestFilter {
             decided: false,
             chosen_answered: true,
             stream: false,
+            answer_ok: false,
             read_model: false,
             objective: Objective::DEFAULT,
         }
+    }
+
+    /// Whether the response's first chunk is a first token: a stream the
+    /// engine answered with 2xx (what the TTFT model learns from).
+    fn first_token(&self) -> bool {
+        self.stream && self.answer_ok
     }
 
     /// Answers the request locally with a JSON error.
@@ -360,6 +371,7 @@ impl HttpContext for RequestFilter {
                 .get_http_response_header(":status")
                 .and_then(|s| s.parse::<u16>().ok());
             let endpoint = r.endpoint;
+            self.answer_ok = status.is_some_and(|s| (200..300).contains(&s));
             if let Some(status) = status {
                 // The clock is read only when passive health has news.
                 self.state
@@ -400,7 +412,9 @@ impl HttpContext for RequestFilter {
                     // The whole answer in one chunk: on_log comes next.
                     self.answered_at = Some(now);
                 } else {
-                    self.state.borrow_mut().first_chunk(r, self.stream, now);
+                    self.state
+                        .borrow_mut()
+                        .first_chunk(r, self.first_token(), now);
                 }
             }
         }
@@ -412,7 +426,7 @@ impl HttpContext for RequestFilter {
             if let Some(r) = self.routed.take() {
                 self.state
                     .borrow_mut()
-                    .answered_and_finished(&r, self.stream, at);
+                    .answered_and_finished(&r, self.first_token(), at);
             }
         }
         if let Some(r) = self.routed.take() {

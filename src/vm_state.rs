@@ -389,33 +389,34 @@ impl VmState {
     }
 
     /// The endpoint has started answering `routed` at `now_ms`: its prefill
-    /// is done. A stream's first chunk is its first token: with a TTFT
-    /// prediction, it teaches the model (a non-streaming answer's first
-    /// chunk comes with its last token and teaches nothing).
-    pub fn first_chunk(&mut self, routed: &Routed, stream: bool, now_ms: u64) {
+    /// is done. When the chunk is a first token (`first_token`: a stream
+    /// answered 2xx) and the request has a TTFT prediction, it teaches the
+    /// model (a non-streaming answer's first chunk comes with its last
+    /// token, and an error answer with no prefill: neither teaches).
+    pub fn first_chunk(&mut self, routed: &Routed, first_token: bool, now_ms: u64) {
         let (endpoint, tokens) = (routed.endpoint, routed.tokens);
         self.store
             .update_inflight(|t| t.first_chunk(endpoint, tokens, now_ms));
-        self.learn_first_byte(routed, stream, now_ms);
+        self.learn_first_byte(routed, first_token, now_ms);
     }
 
     /// A response whose first chunk was also its last (a non-streaming
     /// answer, or an error body) has ended: the first chunk's and the
     /// end's in-flight updates in one write instead of two (`on_log`
     /// follows the last chunk at once, so nothing is left waiting longer).
-    pub fn answered_and_finished(&mut self, routed: &Routed, stream: bool, answered_ms: u64) {
+    pub fn answered_and_finished(&mut self, routed: &Routed, first_token: bool, answered_ms: u64) {
         let (endpoint, tokens) = (routed.endpoint, routed.tokens);
         self.store.update_inflight(|t| {
             t.first_chunk(endpoint, tokens, answered_ms);
             t.finish(endpoint, None);
         });
-        self.learn_first_byte(routed, stream, answered_ms);
+        self.learn_first_byte(routed, first_token, answered_ms);
     }
 
     /// A stream's first chunk teaches the TTFT model (see `first_chunk`).
-    fn learn_first_byte(&mut self, routed: &Routed, stream: bool, now_ms: u64) {
+    fn learn_first_byte(&mut self, routed: &Routed, first_token: bool, now_ms: u64) {
         let endpoint = routed.endpoint;
-        if let Some(p) = routed.prediction.filter(|_| stream) {
+        if let Some(p) = routed.prediction.filter(|_| first_token) {
             let work = (p.ahead_tokens + p.uncached_tokens) as u64;
             self.router.first_byte(
                 endpoint,

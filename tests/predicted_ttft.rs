@@ -50,15 +50,32 @@ fn long_prompt(tag: &str) -> String {
     format!("{tag} ").repeat(1_500)
 }
 
+fn stream_body(tag: &str) -> Value {
+    json!({"model": MODEL, "prompt": long_prompt(tag), "max_tokens": 2, "stream": true})
+}
+
 fn stream(envoy: &Envoy, tag: &str) {
-    let body = json!({"model": MODEL, "prompt": long_prompt(tag), "max_tokens": 2, "stream": true});
-    let (times, _) = sse_events(envoy.port, "/v1/completions", &body);
+    let (times, _) = sse_events(envoy.port, "/v1/completions", &stream_body(tag));
     assert!(!times.is_empty(), "no stream for {tag}");
 }
 
-fn probe(envoy: &Envoy, tag: &str) -> Reply {
+/// The predicted ms per token of endpoint `ep` in `predictions`.
+fn rate_of(predictions: &[(String, f64, f64)], ep: &str) -> f64 {
+    predictions
+        .iter()
+        .find(|(e, _, _)| e == ep)
+        .map(|(_, _, r)| *r)
+        .unwrap_or_else(|| panic!("no prediction for {ep}: {predictions:?}"))
+}
+
+/// A non-streaming request (it teaches nothing), answered by any pod.
+fn probe_any(envoy: &Envoy, tag: &str) -> Reply {
     let body: Value = json!({"model": MODEL, "prompt": long_prompt(tag), "max_tokens": 1});
-    let r = post_json(&envoy.url("/v1/completions"), &body);
+    post_json(&envoy.url("/v1/completions"), &body)
+}
+
+fn probe(envoy: &Envoy, tag: &str) -> Reply {
+    let r = probe_any(envoy, tag);
     assert_eq!(r.status, 200, "{}", r.body);
     r
 }
@@ -81,13 +98,7 @@ fn predictions_are_visible_learnt_and_steer_away_from_a_slow_pod() {
         stream(&envoy, &format!("learn-{i}"));
     }
     let learnt = predictions(&probe(&envoy, "probe-1"));
-    let rate = |i: usize| {
-        learnt
-            .iter()
-            .find(|(e, _, _)| *e == sim.endpoint(i))
-            .map(|(_, _, r)| *r)
-            .unwrap()
-    };
+    let rate = |i: usize| rate_of(&learnt, &sim.endpoint(i));
     assert!(
         learnt.iter().any(|(_, _, r)| (*r - 0.1).abs() > 1e-3),
         "nothing learnt: {learnt:?}"
@@ -173,4 +184,43 @@ fn keep_cheaper_holder_keeps_a_document_on_its_queueing_holder() {
 fn probe_short(envoy: &Envoy, i: usize) {
     let body = json!({"model": MODEL, "max_tokens": 1, "prompt": format!("short question number {i} ").repeat(8)});
     assert_eq!(post_json(&envoy.url("/v1/completions"), &body).status, 200);
+}
+
+/// A pod that answers streams with an error at once (here a 500; in the
+/// field a 429 or a 400 for a prompt over the context) did no prefill: its
+/// quick answers must not teach the model that it is fast, or it would draw
+/// every new request. Passive health is off so that the pod stays a
+/// candidate, as it does for answers that are not 5xx.
+#[test]
+fn error_answers_do_not_teach_the_model_a_pod_is_fast() {
+    let sim = Sim::start(3, &["--time-scale", "0.2"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({"debug_header": DEBUG, "scheduling": {"profile": "predicted_ttft"},
+               "outlier_detection": {"consecutive_errors": 0}}),
+        1,
+    );
+    sim.fault(0, json!({"error_rate": 1.0}));
+    let send = |tag: &str| {
+        let _ = sse_events(envoy.port, "/v1/completions", &stream_body(tag));
+    };
+    for i in 0..24 {
+        send(&format!("learn-{i}"));
+    }
+    let seen = predictions(&probe_any(&envoy, "probe"));
+    let rate = |p: usize| rate_of(&seen, &sim.endpoint(p));
+    assert!(
+        rate(0) >= 0.99 * rate(1).min(rate(2)),
+        "the failing pod was learnt fast: {seen:?}"
+    );
+    let failed = |s: &Sim| s.state(0)["requests_failed"].as_u64().unwrap_or(0);
+    let before = failed(&sim);
+    for i in 0..12 {
+        send(&format!("after-{i}"));
+    }
+    let to_failing = failed(&sim) - before;
+    assert!(
+        to_failing <= 8,
+        "{to_failing} of 12 new requests went to the pod answering errors"
+    );
 }

@@ -49,8 +49,10 @@
 //!
 //! ## Learning
 //!
-//! Each streaming request that gets a first byte from its chosen endpoint
-//! is one observation `(1, ahead + uncached, running) -> routing to first
+//! Each streaming request that gets a first byte from its chosen endpoint,
+//! with a 2xx status (an error answer comes at once, with no prefill: a pod
+//! that fails fast must not be learnt fast and draw every request), is one
+//! observation `(1, ahead + uncached, running) -> routing to first
 //! byte`. The fleet's `(overhead, ms_per_token, ms_per_running)` is a
 //! least-squares fit of them, decayed (a window of about 200 observations)
 //! and ridged toward the configured priors (`scheduling.ttft`), so it holds
