@@ -16,19 +16,26 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, outside the kernel's ephemeral
+/// range (see [`free_port_block`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_port_block(1)
 }
 
-/// A base port with `n` consecutive free ports.
+/// A base port with `n` consecutive free ports, all below the kernel's
+/// ephemeral range (`net.ipv4.ip_local_port_range`). Ports are picked here
+/// and bound later by another process (Envoy, the sim); an ephemeral one
+/// could meanwhile become the source port of some outgoing connection (a
+/// test's Envoy scraping its pods), and the bind would fail with "Address
+/// already in use". The kernel never hands out these on its own.
 pub fn free_port_block(n: u16) -> u16 {
-    for _ in 0..200 {
-        let base = 20_000 + (fastrand::u16(..) % 30_000);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let (low, high) = (10_000u16, ephemeral.max(12_000));
+    for _ in 0..1000 {
+        let base = low + fastrand::u16(..high - low - n);
         let ok = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if ok {
             return base;
