@@ -67,8 +67,24 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A free loopback TCP port (bound then released; good enough on a quiet machine).
+/// A free loopback TCP port below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`). The port is bound later by another
+/// process (a sim, an Envoy, a replica's peer listener, all picked before
+/// any starts); an ephemeral one could meanwhile become the source port of
+/// an outgoing connection (an Envoy scraping its pods) and that bind would
+/// fail. The kernel never hands out these on its own.
 pub fn free_port() -> Result<u16> {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768)
+        .max(12_000);
+    for _ in 0..1000 {
+        let port = 10_000 + fastrand::u16(..ephemeral - 10_000);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
