@@ -379,17 +379,25 @@ impl HttpContext for RequestFilter {
                     .observe_response(endpoint, status, || now_ms(self));
             }
             let upstream = self.property_text(&["upstream", "address"]);
-            let not_answered = needs_code_details(status, upstream.as_deref(), endpoint) && {
+            let said = if needs_code_details(status, upstream.as_deref(), endpoint) {
                 let details = self.property_text(&["response", "code_details"]);
                 verdict(
                     details.as_deref().unwrap_or(""),
                     upstream.as_deref(),
                     endpoint,
-                ) == Verdict::NotAnswered
+                )
+            } else {
+                Verdict::Answered
             };
-            if not_answered {
+            if let Verdict::NotAnswered | Verdict::Fallback(_) = said {
                 self.chosen_answered = false;
                 self.state.borrow_mut().not_answered(endpoint);
+            }
+            // The fallback that answered now caches the prompt.
+            if let (Verdict::Fallback(served_by), true) = (said, self.answer_ok) {
+                self.state
+                    .borrow_mut()
+                    .served_by(r, served_by, now_ms(self));
             }
         }
         let name = self.state.borrow().config().debug_header.clone();

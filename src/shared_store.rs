@@ -305,7 +305,7 @@ impl SharedStore {
         let head = self.head();
         let mut next = start;
         while next < head && answer.len() < max_entries {
-            let key = format!("{}{}", self.log_slot, slot_of(next, self.log_slots));
+            let key = self.slot_key(next);
             let value = get(&key).0;
             match value.as_deref().map(|v| (LogEntry::decode(v), v)) {
                 Some((Some(e), raw)) if e.seq == next => {
@@ -325,6 +325,11 @@ impl SharedStore {
             next += 1;
         }
         next
+    }
+
+    /// The shared-data key of the ring slot holding sequence number `seq`.
+    fn slot_key(&self, seq: u64) -> String {
+        format!("{}{}", self.log_slot, slot_of(seq, self.log_slots))
     }
 
     fn head(&self) -> u64 {
@@ -358,9 +363,18 @@ impl SharedStore {
             return None;
         }
         entry.seq = seq;
-        let key = format!("{}{}", self.log_slot, slot_of(seq, self.log_slots));
+        let key = self.slot_key(seq);
         set_shared_data(&key, Some(&entry.encode()), None).ok()?;
         Some(seq)
+    }
+
+    /// The entry of sequence number `seq`, if the ring still holds it.
+    pub fn read_entry(&self, seq: u64) -> Option<LogEntry> {
+        let key = self.slot_key(seq);
+        get(&key)
+            .0
+            .and_then(|v| LogEntry::decode(&v))
+            .filter(|e| e.seq == seq)
     }
 
     /// A cursor that replays what the ring still holds.
@@ -394,7 +408,7 @@ impl SharedStore {
                 cursor.next += 1;
                 continue;
             }
-            let key = format!("{}{}", self.log_slot, slot_of(cursor.next, self.log_slots));
+            let key = self.slot_key(cursor.next);
             match get(&key).0.and_then(|v| LogEntry::decode(&v)) {
                 Some(e) if e.seq == cursor.next => read.entries.push(e),
                 // Overwritten by a later lap: lost.

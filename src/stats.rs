@@ -58,6 +58,9 @@ pub enum Counter {
     /// Endpoints found stalled (requests without a first byte and a silent
     /// `/metrics` while others answer), counted by each VM that noticed.
     Stalled,
+    /// Requests a fallback answered (2xx) after the chosen endpoint did not:
+    /// the prefix index now records the prompt on that fallback.
+    FallbackAnswered,
     /// Sync calls a peer answered.
     PeerSyncOk,
     /// Sync calls that failed (connect error, timeout, not 200).
@@ -93,7 +96,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 36] = [
+const COUNTERS: [(Counter, &str); 37] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -117,6 +120,10 @@ const COUNTERS: [(Counter, &str); 36] = [
     (Counter::OutlierEjected, "kvroute.outlier.ejected"),
     (Counter::Unanswered, "kvroute.failover.unanswered"),
     (Counter::Stalled, "kvroute.failover.stalled"),
+    (
+        Counter::FallbackAnswered,
+        "kvroute.failover.fallback_answered",
+    ),
     (Counter::PeerSyncOk, "kvroute.peer.sync_ok"),
     (Counter::PeerSyncFailed, "kvroute.peer.sync_failed"),
     (Counter::PeerMalformed, "kvroute.peer.malformed"),

@@ -53,6 +53,9 @@ pub struct Routed {
     pub debug: Option<String>,
     /// When it was routed (ms).
     pub at_ms: u64,
+    /// Its decision-log entry (`None` when it taught the index nothing):
+    /// read back when a fallback answers instead (`VmState::served_by`).
+    pub log_seq: Option<u64>,
 }
 
 impl Routed {
@@ -322,6 +325,7 @@ impl VmState {
         // Other workers only need decisions that teach the prefix index
         // (in-flight counts, which spread everything else, are shared anyway).
         let learned = request.map(InferenceRequest::learned).unwrap_or_default();
+        let mut log_seq = None;
         if learned.is_empty() {
             self.router.learn(endpoint, prompt, now_ms);
         } else {
@@ -332,7 +336,8 @@ impl VmState {
                 at_ms: now_ms,
                 blocks: learned,
             };
-            if let Some(seq) = self.store.append_log(&mut entry, head) {
+            log_seq = self.store.append_log(&mut entry, head);
+            if let Some(seq) = log_seq {
                 self.own_seqs.insert(seq);
             }
             // The same record every other worker makes of this decision.
@@ -370,6 +375,7 @@ impl VmState {
             fallbacks,
             debug,
             at_ms: now_ms,
+            log_seq,
         })
     }
 
@@ -425,6 +431,33 @@ impl VmState {
                 now_ms.saturating_sub(routed.at_ms),
             );
         }
+    }
+
+    /// `served_by`, a fallback of the destination header, answered `routed`
+    /// (2xx) at `now_ms` after the chosen endpoint did not: the prompt is
+    /// cached there now. Its decision is read back from the log and
+    /// appended again for the fallback, so every worker (and, with peers,
+    /// every replica) records it and the conversation's next turn follows
+    /// the cache instead of being placed cold. Nothing is learnt when the
+    /// entry left the ring meanwhile (a first-byte timeout on a busy
+    /// gateway), nor for an endpoint outside the pool.
+    pub fn served_by(&mut self, routed: &Routed, served_by: Endpoint, now_ms: u64) {
+        self.stats.inc(Counter::FallbackAnswered);
+        if !self.router.contains(served_by) {
+            return;
+        }
+        let Some(mut entry) = routed.log_seq.and_then(|seq| self.store.read_entry(seq)) else {
+            return;
+        };
+        if entry.endpoint != routed.endpoint || entry.from_peer {
+            return; // not this request's entry
+        }
+        entry.endpoint = served_by;
+        entry.at_ms = now_ms;
+        if let Some(seq) = self.store.append_log(&mut entry, None) {
+            self.own_seqs.insert(seq);
+        }
+        self.learn(served_by, entry.blocks, now_ms);
     }
 
     /// Envoy got no response byte from the chosen endpoint (connect failure,

@@ -52,29 +52,55 @@ fn override_host_routes_with_affinity() {
     assert_eq!(r.status, 200);
 }
 
+/// The debug header's `reason=` ("" when absent).
+fn reason(r: &Reply) -> String {
+    r.header("x-kvroute-debug")
+        .and_then(|d| d.split("; ").find_map(|p| p.strip_prefix("reason=")))
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[test]
-fn override_host_falls_back_when_the_chosen_pod_dies() {
+fn override_host_falls_back_when_the_chosen_pod_dies_and_the_next_turns_follow() {
     let sim = Sim::start(3, &["--time-scale", "0.01"]);
     // kvroute is told to trust its view for long, so the request really goes
     // to the dead pod first and only Envoy's retry can save it.
     let mut config = override_config();
     config["metrics"] = json!({"unhealthy_after_failures": 1000});
-    let envoy = Envoy::start(&sim.endpoints(), config, 1);
-    let first = post_json(&envoy.url("/v1/chat/completions"), &chat("victim", 0));
+    let envoy = Envoy::start(&sim.endpoints(), config, 2);
+    let url = envoy.url("/v1/chat/completions");
+    let first = post_json(&url, &chat("victim", 0));
     assert_eq!(first.status, 200);
     let victim = first.pod().unwrap();
     sim.fault(victim, json!({"down_ms": 5000}));
     std::thread::sleep(Duration::from_millis(300)); // open connections closed
     let retries_before = envoy.stat("cluster.kvroute_upstream.upstream_rq_retry");
-    let r = post_json(&envoy.url("/v1/chat/completions"), &chat("victim", 1));
+    let r = post_json(&url, &chat("victim", 1));
     assert_eq!(r.status, 200, "not rescued: {}", r.body);
     assert_eq!(
         chosen(&r),
         sim.endpoint(victim),
         "kvroute did not pick the dead pod first"
     );
-    assert_ne!(r.pod(), Some(victim));
+    let rescuer = r.pod().unwrap();
+    assert_ne!(rescuer, victim);
     assert!(envoy.stat("cluster.kvroute_upstream.upstream_rq_retry") > retries_before);
+    // The fallback that answered now caches the conversation: the next
+    // turns go there by their prefix, on either worker, not placed cold.
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.failover.fallback_answered"),
+        1.0
+    );
+    for turn in 2..4 {
+        let r = post_json(&url, &chat("victim", turn));
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            (r.pod(), reason(&r).as_str()),
+            (Some(rescuer), "Prefix"),
+            "turn {turn} did not follow the fallback's cache: {:?}",
+            r.header("x-kvroute-debug")
+        );
+    }
 }
 
 #[test]

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! details "via_upstream", upstream = chosen      answered
-//! details "via_upstream", upstream = other       not answered (a retry
-//!                                                 on a fallback answered)
+//! details "via_upstream", upstream = other       not answered: a retry
+//!                                                 on that fallback answered
 //! details upstream_reset_before_response_started{...}  not answered
 //!         (connect refused or timed out, reset before any byte)
 //! details upstream_per_try_timeout               not answered (no first
@@ -16,7 +16,10 @@
 //! A "not answered" makes the shell take the endpoint out of the candidate
 //! set at once, for every worker, until a scrape of it answers (see
 //! `EndpointStates::unreachable`): a dead pod costs one failed try, not one
-//! per worker and scrape period.
+//! per worker and scrape period. When a fallback answered, the prompt is
+//! now cached there, not on the chosen endpoint: the shell teaches the
+//! prefix index so (`VmState::served_by`), and the conversation's next turn
+//! follows it.
 
 use crate::endpoint::Endpoint;
 
@@ -27,6 +30,9 @@ pub enum Verdict {
     Answered,
     /// Envoy could not get a response byte from the chosen endpoint.
     NotAnswered,
+    /// The chosen endpoint did not answer; a retry on this other endpoint
+    /// (a fallback of the destination header) did.
+    Fallback(Endpoint),
     /// The response says nothing about the endpoint.
     Unknown,
 }
@@ -36,8 +42,9 @@ pub enum Verdict {
 /// read costs the host several microseconds, so the common case reads only
 /// the address). Envoy's own replies for a reset before the response and
 /// for a per-try timeout are 503 and 504; below 500 only a response another
-/// endpoint sent (a retry answered by a fallback) can be
-/// [`Verdict::NotAnswered`], and then only if it came via the upstream.
+/// endpoint sent (a retry answered by a fallback) can say the chosen one
+/// did not answer ([`Verdict::Fallback`]), and then only if it came via the
+/// upstream.
 pub fn needs_code_details(
     status: Option<u16>,
     upstream_address: Option<&str>,
@@ -55,7 +62,7 @@ pub fn needs_code_details(
 pub fn verdict(code_details: &str, upstream_address: Option<&str>, chosen: Endpoint) -> Verdict {
     if code_details == "via_upstream" {
         return match upstream_address.and_then(|a| a.parse::<Endpoint>().ok()) {
-            Some(e) if e != chosen => Verdict::NotAnswered,
+            Some(e) if e != chosen => Verdict::Fallback(e),
             _ => Verdict::Answered,
         };
     }
@@ -111,7 +118,10 @@ mod tests {
             assert_eq!(got, needed, "{status} {upstream:?}");
             if !got {
                 // Skipping them never hides a not-answered verdict.
-                assert_ne!(verdict(details, upstream, chosen), Verdict::NotAnswered);
+                assert!(matches!(
+                    verdict(details, upstream, chosen),
+                    Verdict::Answered | Verdict::Unknown
+                ));
             }
         }
         assert!(needs_code_details(None, Some("127.0.0.1:8001"), chosen));
@@ -124,7 +134,11 @@ mod tests {
             ("via_upstream", Some("127.0.0.1:8001"), Verdict::Answered),
             ("via_upstream", None, Verdict::Answered),
             ("via_upstream", Some("garbage"), Verdict::Answered),
-            ("via_upstream", Some("127.0.0.1:8002"), Verdict::NotAnswered),
+            (
+                "via_upstream",
+                Some("127.0.0.1:8002"),
+                Verdict::Fallback("127.0.0.1:8002".parse().unwrap()),
+            ),
             (
                 "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}",
                 Some("127.0.0.1:8001"),
