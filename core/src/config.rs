@@ -420,12 +420,19 @@ pub struct SchedulingConfig {
     /// the least recently picked of them wins.
     pub cold_margin: f64,
     /// `weighted` and `affinity_gate`: when their pick leaves the holder
-    /// of the longest prefix for load, keep the holder if the TTFT model
-    /// (`ttft`) prices it cheaper, its queue included, than the pick
-    /// (`Router::keep_cheaper_holder`). Off by default: a win under
-    /// simulated pressure and saturation, a tie on real llama.cpp pods, no
-    /// help for hot spots (bench/README.md).
+    /// of the longest prefix for load and would prefill again at least
+    /// `keep_cheaper_holder_min_saved` of the prompt, keep the holder if
+    /// the TTFT model (`ttft`) prices it cheaper, its queue included, than
+    /// the pick (`Router::keep_cheaper_holder`). On by default: long
+    /// documents stay on their holders and saturation re-prefills less
+    /// (bench/README.md, issue 12).
     pub keep_cheaper_holder: bool,
+    /// Share of the prompt (0..=1) the holder must hold beyond the pick for
+    /// `keep_cheaper_holder` to weigh in. Smaller differences (a
+    /// conversation's last turn, with its shared system prompt everywhere)
+    /// are left to the load scores, which also see what the model does not
+    /// price: a larger batch's slower steps, a hot prefix gaining holders.
+    pub keep_cheaper_holder_min_saved: f64,
     /// The predicted-TTFT model (`profile: predicted_ttft`, and the
     /// holder check of the other profiles).
     pub ttft: TtftConfig,
@@ -444,7 +451,8 @@ impl Default for SchedulingConfig {
             min_range_inflight: 8.0,
             min_range_tokens: 4096.0,
             cold_margin: 0.05,
-            keep_cheaper_holder: false,
+            keep_cheaper_holder: true,
+            keep_cheaper_holder_min_saved: 0.5,
             ttft: TtftConfig::default(),
         }
     }
@@ -913,6 +921,11 @@ impl Config {
             ("scheduling.min_range_tokens", s.min_range_tokens, 1e9),
             ("scheduling.cold_margin", s.cold_margin, 1.0),
             (
+                "scheduling.keep_cheaper_holder_min_saved",
+                s.keep_cheaper_holder_min_saved,
+                1.0,
+            ),
+            (
                 "scheduling.ttft.prior_ms_per_token",
                 s.ttft.prior_ms_per_token,
                 1e3,
@@ -1050,7 +1063,8 @@ mod tests {
         assert_eq!(c.scheduling.min_range_inflight, 8.0);
         assert_eq!(c.scheduling.min_range_tokens, 4096.0);
         assert_eq!(c.scheduling.cold_margin, 0.05);
-        assert!(!c.scheduling.keep_cheaper_holder);
+        assert!(c.scheduling.keep_cheaper_holder);
+        assert_eq!(c.scheduling.keep_cheaper_holder_min_saved, 0.5);
         assert_eq!(c.allowed_paths, default_allowed_paths());
         let c = parse(
             r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0,"keep_cheaper_holder":true}}"#,

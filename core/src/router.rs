@@ -330,23 +330,25 @@ impl Router {
         Some(decision)
     }
 
-    /// `scheduling.keep_cheaper_holder` (off by default), for `weighted`
+    /// `scheduling.keep_cheaper_holder` (on by default), for `weighted`
     /// and `affinity_gate`: their load scores and filters work on a scale
     /// of their own, so a few more requests queued on the holder of a long
     /// prefix can outweigh the whole prefix, and the prompt is prefilled
     /// again elsewhere (long-qa: a 60k-token document re-prefilled for
     /// 2.6 s, the questions queued behind it waiting as long). When the
-    /// pick left a holder of the longest live prefix for load, this prices
-    /// both with the TTFT model (`ttft.rs`: the prefill queued ahead, the
-    /// decode load, the uncached tokens, and what the prefill delays the
-    /// requests there) and keeps the cheapest holder if it costs less than
-    /// the pick; a holder whose queue costs more than the prefill still
-    /// loses. It also records the chosen endpoint's prediction, which the
-    /// model learns from (`Decision::prediction`). Measured in
-    /// bench/README.md: fewer re-prefills under pressure and saturation;
-    /// it does nothing to spread a hot prefix whose requests are cheap to
-    /// serve where it is cached (the model prices prefill and decode load,
-    /// not the slower steps of a larger batch), hence opt-in.
+    /// pick left a holder of the longest live prefix for load, and would
+    /// prefill again at least `keep_cheaper_holder_min_saved` of the prompt
+    /// that the holder has cached, this prices both with the TTFT model
+    /// (`ttft.rs`: the prefill queued ahead, the decode load, the uncached
+    /// tokens, and what the prefill delays the requests there) and keeps
+    /// the cheapest such holder if it costs less than the pick; a holder
+    /// whose queue costs more than the prefill still loses. Smaller
+    /// differences stay with the load scores: the model does not price
+    /// the slower steps of a larger batch, and vetoing every move of a
+    /// conversation whose shared prompt is cached everywhere kept hot
+    /// groups on one pod (bench/README.md). It also records the chosen
+    /// endpoint's prediction, which the model learns from
+    /// (`Decision::prediction`).
     fn keep_cheaper_holder(
         &self,
         decision: &mut Decision,
@@ -366,9 +368,18 @@ impl Router {
                 .iter()
                 .filter(|c| c.healthy)
                 .fold(0.0, |m, c| max_num(m, c.matched()));
+            // Holders saving at least this many cached tokens over the pick.
+            let scheduling = &self.config.scheduling;
+            let min_saved = scheduling.keep_cheaper_holder_min_saved * prompt_tokens as f64;
+            let block_tokens = self.config.prefix.block_tokens as f64;
             let holder = candidates
                 .iter()
-                .filter(|c| c.healthy && c.matched() >= longest && c.matched() > chosen.matched())
+                .filter(|c| {
+                    c.healthy
+                        && c.matched() >= longest
+                        && c.matched() > chosen.matched()
+                        && (c.matched() - chosen.matched()) * block_tokens >= min_saved
+                })
                 .map(|c| (cost(c), c))
                 .min_by(|a, b| a.0.cost_ms.total_cmp(&b.0.cost_ms));
             if let Some((p, h)) = holder.filter(|(p, _)| p.cost_ms < prediction.cost_ms) {
@@ -994,11 +1005,11 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn weighted_keeps_a_long_prefix_on_a_busy_holder_while_it_costs_less() {
+    /// Two `weighted` endpoints: endpoint 1, whose engine queues 6 and runs
+    /// 4, holds 590 of the 600 blocks of a document (38 400 tokens); the
+    /// other is idle.
+    fn busy_holder_of_a_doc() -> (Router, EndpointStates, Vec<u64>) {
         let mut r = router(2);
-        let mut rng = fastrand::Rng::with_seed(1);
-        // The holder's engine queues 6 and runs 4; the other pod is idle.
         let mut states = idle_states(&r, 0);
         let busy = MetricsSnapshot {
             waiting: 6.0,
@@ -1006,20 +1017,29 @@ mod tests {
             ..MetricsSnapshot::default()
         };
         states.succeed(ep(1), busy, 0);
-        let doc: Vec<u64> = (1..=600).collect(); // 38 400 tokens
+        let doc: Vec<u64> = (1..=600).collect();
         r.learn(ep(1), &doc[..590], 0);
+        (r, states, doc)
+    }
+
+    #[test]
+    fn weighted_keeps_a_long_prefix_on_a_busy_holder_while_it_costs_less() {
+        let (mut r, states, doc) = busy_holder_of_a_doc();
+        let mut rng = fastrand::Rng::with_seed(1);
         // Twelve of kvroute's requests wait there with `ahead` tokens of
         // prefill between them.
         let decide = |r: &Router, ahead: u64, rng: &mut fastrand::Rng| {
             decide_doc(r, &doc, &states, waiting(12, ahead), rng)
         };
-        // By default the load scores leave the holder for the idle pod: the
-        // whole document would be prefilled again.
+        // Without the check the load scores leave the holder for the idle
+        // pod: the whole document would be prefilled again.
+        r.config.scheduling.keep_cheaper_holder = false;
         let d = decide(&r, 10_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!((d.prediction, d.kept_over), (None, None));
-        // Priced by the TTFT model, 10 640 tokens behind the queue there
-        // cost less than 38 400 on the idle pod: the holder keeps it.
+        // With it (the default), priced by the TTFT model, 10 640 tokens
+        // behind the queue there cost less than 38 400 on the idle pod: the
+        // holder keeps it.
         r.config.scheduling.keep_cheaper_holder = true;
         let d = decide(&r, 10_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
@@ -1036,6 +1056,34 @@ mod tests {
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!(d.prediction.unwrap().uncached_tokens, 38_400.0);
         assert_eq!(d.kept_over, None);
+    }
+
+    #[test]
+    fn weighted_leaves_small_savings_to_the_load_scores() {
+        let (mut r, states, doc) = busy_holder_of_a_doc();
+        let mut rng = fastrand::Rng::with_seed(1);
+        // The idle pod holds two thirds of it: moving there prefills 190
+        // more blocks (32 % of the prompt), not the whole document.
+        r.learn(ep(2), &doc[..400], 0);
+        let decide = |r: &Router, rng: &mut fastrand::Rng| {
+            decide_doc(r, &doc, &states, waiting(12, 2_000), rng)
+        };
+        // Below the default share (half the prompt) the check stays out
+        // although the model prices the holder cheaper: the load scores
+        // decide.
+        let d = decide(&r, &mut rng);
+        assert_eq!(
+            (d.endpoint, d.reason, d.kept_over),
+            (ep(2), Reason::Load, None)
+        );
+        assert_eq!(d.prediction.unwrap().uncached_tokens, 12_800.0);
+        // With a share of 10 % the saving counts: the holder is kept.
+        r.config.scheduling.keep_cheaper_holder_min_saved = 0.1;
+        let d = decide(&r, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        let (over, over_ms) = d.kept_over.unwrap();
+        assert_eq!(over, ep(2));
+        assert!(d.prediction.unwrap().cost_ms < over_ms);
     }
 
     #[test]

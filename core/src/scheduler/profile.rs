@@ -19,10 +19,10 @@
 //! included. It deliberately has no prefix scorer: after the gate opens, a
 //! prefix weight at least the sum of the load weights would keep a fully
 //! matched endpoint winning and make the gate inert. Weights of 0 skip a
-//! scorer in either profile. With `scheduling.keep_cheaper_holder` (off by
-//! default) the router checks a `load` pick of either profile against the
-//! TTFT model and keeps the prefix's holder when it costs less
-//! (`router.rs`, `keep_cheaper_holder`).
+//! scorer in either profile. With `scheduling.keep_cheaper_holder` (on by
+//! default) the router checks a `load` pick of either profile that would
+//! prefill most of the prompt again against the TTFT model, and keeps the
+//! prefix's holder when it costs less (`router.rs`, `keep_cheaper_holder`).
 
 use super::filter::{AffinityGateFilter, HealthFilter, OverloadFilter};
 use super::plugin::{Filter, Scorer};
