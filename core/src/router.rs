@@ -369,8 +369,8 @@ impl Router {
                 .filter(|c| c.healthy)
                 .fold(0.0, |m, c| max_num(m, c.matched()));
             // Holders saving at least this many cached tokens over the pick.
-            let scheduling = &self.config.scheduling;
-            let min_saved = scheduling.keep_cheaper_holder_min_saved * prompt_tokens as f64;
+            let min_saved =
+                self.config.scheduling.keep_cheaper_holder_min_saved * prompt_tokens as f64;
             let block_tokens = self.config.prefix.block_tokens as f64;
             let holder = candidates
                 .iter()
