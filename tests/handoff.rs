@@ -91,6 +91,10 @@ fn override_host_falls_back_when_the_chosen_pod_dies_and_the_next_turns_follow()
         envoy.stat("wasmcustom.kvroute.failover.fallback_answered"),
         1.0
     );
+    // The other worker learns that the victim did not answer at its next
+    // tick (50 ms); until then it may still pick it (Envoy's retry then
+    // rescues the request again) and the turn would not be a prefix pick.
+    std::thread::sleep(Duration::from_millis(200));
     for turn in 2..4 {
         let r = post_json(&url, &chat("victim", turn));
         assert_eq!(r.status, 200, "{}", r.body);
