@@ -44,6 +44,10 @@ pub enum Counter {
     /// Decisions where `keep_cheaper_holder` kept a prefix holder the
     /// scores would have left (also counted as prefix decisions).
     DecisionKeptByCost,
+    /// Decisions where `leave_costlier_holder` left the prefix holder the
+    /// scores picked for a cheaper endpoint (also counted as load
+    /// decisions).
+    DecisionMovedByCost,
     /// Successful `/metrics` scrapes.
     ScrapeSuccess,
     /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
@@ -96,7 +100,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 37] = [
+const COUNTERS: [(Counter, &str); 38] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -114,6 +118,10 @@ const COUNTERS: [(Counter, &str); 37] = [
     (Counter::DecisionCold, "kvroute.decision.cold"),
     (Counter::DecisionFallback, "kvroute.decision.fallback"),
     (Counter::DecisionKeptByCost, "kvroute.decision.kept_by_cost"),
+    (
+        Counter::DecisionMovedByCost,
+        "kvroute.decision.moved_by_cost",
+    ),
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),

@@ -17,7 +17,7 @@ use kvroute_core::peer::table::PeerLoad;
 use kvroute_core::prefix::Prompt;
 use kvroute_core::request::InferenceRequest;
 use kvroute_core::router::Router;
-use kvroute_core::scheduler::Decision;
+use kvroute_core::scheduler::{CostCheck, Decision};
 use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
@@ -81,11 +81,15 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
     for (i, (e, s)) in d.scores.iter().enumerate() {
         let _ = write!(v, "{}{}={:.3}", if i > 0 { "," } else { "" }, e, s);
     }
-    if let (Some((over, over_ms)), Some(p)) = (d.kept_over, d.prediction) {
+    if let (Some(o), Some(p)) = (d.overruled, d.prediction) {
+        let check = match o.check {
+            CostCheck::KeptHolder => "kept_by_cost",
+            CostCheck::LeftHolder => "moved_by_cost",
+        };
         let _ = write!(
             v,
-            "; kept_by_cost={}={:.0}ms over {}={:.0}ms",
-            d.endpoint, p.cost_ms, over, over_ms
+            "; {check}={}={:.0}ms over {}={:.0}ms",
+            d.endpoint, p.cost_ms, o.endpoint, o.cost_ms
         );
     }
     if !d.predictions.is_empty() {
@@ -351,8 +355,10 @@ impl VmState {
             .update_inflight_from(snapshot, |t| t.add(endpoint, tokens, now_ms));
         self.stats.inc(Counter::Routed);
         self.stats.decision(decision.reason);
-        if decision.kept_over.is_some() {
-            self.stats.inc(Counter::DecisionKeptByCost);
+        match decision.overruled.map(|o| o.check) {
+            Some(CostCheck::KeptHolder) => self.stats.inc(Counter::DecisionKeptByCost),
+            Some(CostCheck::LeftHolder) => self.stats.inc(Counter::DecisionMovedByCost),
+            None => {}
         }
         self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
         if !blocks.is_empty() {

@@ -3,7 +3,8 @@
 //! and its parts, the model learns each pod's rates from streaming first
 //! bytes (a pod made slow is learnt slow and sent less), and conversations
 //! keep their affinity; `keep_cheaper_holder` keeps a document on its
-//! holder and says so.
+//! holder, `leave_costlier_holder` moves a short prompt off a queueing one,
+//! and both say so.
 
 mod support;
 
@@ -177,6 +178,61 @@ fn keep_cheaper_holder_keeps_a_document_on_its_queueing_holder() {
             assert!(debug.contains("reason=Load"), "{debug}");
             assert!(!debug.contains("kept_by_cost"), "{debug}");
             assert_eq!(kept, 0.0);
+        }
+    }
+}
+
+/// `scheduling.leave_costlier_holder` with the default `weighted` profile:
+/// the holder of a short prompt reports 7 queued requests kvroute did not
+/// send, one short of the overload filter. The scores still pick it (a full
+/// prefix match outweighs the queue score at its cap); the TTFT model
+/// prices that queue (7 requests of kvroute's mean size, ~500 tokens each)
+/// above prefilling the prompt again on the idle pod, even charged twice,
+/// and moves the request there, saying so in the debug header and stats.
+#[test]
+fn leave_costlier_holder_moves_a_short_prompt_off_a_queueing_holder() {
+    let prompt = "please summarise the incident report for the on-call team ".repeat(10);
+    let ask = |envoy: &Envoy| {
+        let body = json!({"model": MODEL, "max_tokens": 1, "prompt": prompt});
+        let r = post_json(&envoy.url("/v1/completions"), &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r
+    };
+    for leave in [false, true] {
+        let sim = Sim::start(2, &["--time-scale", "0.05"]);
+        let envoy = Envoy::start(
+            &sim.endpoints(),
+            json!({"debug_header": DEBUG, "scheduling": {"leave_costlier_holder": leave}}),
+            1,
+        );
+        // Requests of ~500 tokens first: the model prices queued requests
+        // kvroute did not send at the mean size of those it routed.
+        for i in 0..10 {
+            let body = json!({"model": MODEL, "max_tokens": 1,
+                              "prompt": format!("long question number {i} ").repeat(80)});
+            assert_eq!(post_json(&envoy.url("/v1/completions"), &body).status, 200);
+        }
+        let holder = ask(&envoy).pod().expect("pod header");
+        sim.fault(holder, json!({"queue_inflate": 7}));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let r = ask(&envoy);
+        let debug = r.header(DEBUG).expect("debug header").to_string();
+        let moved = envoy.stat("wasmcustom.kvroute.decision.moved_by_cost");
+        if leave {
+            let other = sim.endpoint(1 - holder);
+            assert_eq!(r.pod(), Some(1 - holder), "{debug}");
+            assert!(debug.contains("reason=Load"), "{debug}");
+            assert!(
+                debug.contains(&format!("moved_by_cost={other}="))
+                    && debug.contains(&format!(" over {}=", sim.endpoint(holder))),
+                "{debug}"
+            );
+            assert_eq!(moved, 1.0);
+        } else {
+            assert_eq!(r.pod(), Some(holder), "{debug}");
+            assert!(debug.contains("reason=Prefix"), "{debug}");
+            assert!(!debug.contains("moved_by_cost"), "{debug}");
+            assert_eq!(moved, 0.0);
         }
     }
 }

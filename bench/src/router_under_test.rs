@@ -78,13 +78,15 @@ impl RouterKind {
         use serde_json::json;
         match self {
             RouterKind::Kvroute => Some(json!({})),
-            // The ablations leave out the holder check too: it weighs a
+            // The ablations leave out the cost checks too: they weigh a
             // prefix against load, and each ablation keeps only one side.
             RouterKind::KvroutePrefixOnly => Some(json!({"scheduling": {
                 "weights": {"prefix": 3, "queue": 0, "kv_cache": 0, "inflight_requests": 0, "inflight_tokens": 0},
-                "gate_max_queue_excess": 1e9, "keep_cheaper_holder": false}})),
+                "gate_max_queue_excess": 1e9, "keep_cheaper_holder": false,
+                "leave_costlier_holder": false}})),
             RouterKind::KvrouteLoadOnly => Some(json!({"scheduling": {
-                "weights": {"prefix": 0}, "keep_cheaper_holder": false}})),
+                "weights": {"prefix": 0}, "keep_cheaper_holder": false,
+                "leave_costlier_holder": false}})),
             RouterKind::KvrouteTtft => Some(json!({"scheduling": {"profile": "predicted_ttft"}})),
             _ => None,
         }

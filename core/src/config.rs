@@ -433,8 +433,18 @@ pub struct SchedulingConfig {
     /// are left to the load scores, which also see what the model does not
     /// price: a larger batch's slower steps, a hot prefix gaining holders.
     pub keep_cheaper_holder_min_saved: f64,
+    /// `weighted` and `affinity_gate`: when their pick holds the request's
+    /// longest prefix, but the TTFT model (`ttft`) prices one of the best
+    /// other candidates cheaper even once charged again for the prefill
+    /// the move repeats, go there (`Router::leave_costlier_holder`): a hot
+    /// prefix gains a holder instead of piling onto the first. The load
+    /// scores saturate at their weights and cannot see a holder's decode
+    /// load growing; this prices it. On by default (bench/README.md,
+    /// issue 12: agentic without an idle pod, hotspot spread, saturation's
+    /// TTFT p50 8-27 % slower).
+    pub leave_costlier_holder: bool,
     /// The predicted-TTFT model (`profile: predicted_ttft`, and the
-    /// holder check of the other profiles).
+    /// cost checks of the other profiles).
     pub ttft: TtftConfig,
 }
 
@@ -453,6 +463,7 @@ impl Default for SchedulingConfig {
             cold_margin: 0.05,
             keep_cheaper_holder: true,
             keep_cheaper_holder_min_saved: 0.5,
+            leave_costlier_holder: true,
             ttft: TtftConfig::default(),
         }
     }
@@ -1065,6 +1076,7 @@ mod tests {
         assert_eq!(c.scheduling.cold_margin, 0.05);
         assert!(c.scheduling.keep_cheaper_holder);
         assert_eq!(c.scheduling.keep_cheaper_holder_min_saved, 0.5);
+        assert!(c.scheduling.leave_costlier_holder);
         assert_eq!(c.allowed_paths, default_allowed_paths());
         let c = parse(
             r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0,"keep_cheaper_holder":true}}"#,

@@ -16,7 +16,9 @@ use crate::models::{ModelNotFound, ModelPools, Scope};
 use crate::objectives::Objective;
 use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, PrefixMatch, Prompt};
-use crate::scheduler::{Candidate, Decision, Reason, RequestFacts, Scheduler};
+use crate::scheduler::{
+    Candidate, CostCheck, Decision, Overruled, Reason, RequestFacts, Scheduler,
+};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use crate::stall::{self, StallCheck};
 use crate::ttft::{Prediction, TtftModel};
@@ -326,71 +328,142 @@ impl Router {
                 .pick_predicted(&facts, &candidates, &predictions, rng);
         }
         let mut decision = self.scheduler.pick(&facts, &candidates, rng)?;
-        self.keep_cheaper_holder(&mut decision, &candidates, prompt_tokens);
+        self.check_by_cost(&mut decision, &candidates, &facts);
         Some(decision)
     }
 
-    /// `scheduling.keep_cheaper_holder` (on by default), for `weighted`
-    /// and `affinity_gate`: their load scores and filters work on a scale
-    /// of their own, so a few more requests queued on the holder of a long
-    /// prefix can outweigh the whole prefix, and the prompt is prefilled
-    /// again elsewhere (long-qa: a 60k-token document re-prefilled for
-    /// 2.6 s, the questions queued behind it waiting as long). When the
-    /// pick left a holder of the longest live prefix for load, and would
-    /// prefill again at least `keep_cheaper_holder_min_saved` of the prompt
-    /// that the holder has cached, this prices both with the TTFT model
-    /// (`ttft.rs`: the prefill queued ahead, the decode load, the uncached
-    /// tokens, and what the prefill delays the requests there) and keeps
-    /// the cheapest such holder if it costs less than the pick; a holder
-    /// whose queue costs more than the prefill still loses. Smaller
-    /// differences stay with the load scores: the model does not price
-    /// the slower steps of a larger batch, and vetoing every move of a
-    /// conversation whose shared prompt is cached everywhere kept hot
-    /// groups on one pod (bench/README.md). It also records the chosen
-    /// endpoint's prediction, which the model learns from
-    /// (`Decision::prediction`).
-    fn keep_cheaper_holder(
-        &self,
-        decision: &mut Decision,
-        candidates: &[Candidate],
-        prompt_tokens: u64,
-    ) {
-        if !self.config.scheduling.keep_cheaper_holder {
+    /// The two cost checks of `weighted` and `affinity_gate`, on by
+    /// default. Their load scores and filters work on a scale of their own:
+    /// each score saturates at its weight, so they cannot say whether a
+    /// holder's queue or decode load now costs more than prefilling the
+    /// prompt elsewhere. The TTFT model (`ttft.rs`: the prefill queued
+    /// ahead, the decode load, the uncached tokens, and what the prefill
+    /// delays the requests there) prices the pick and its rivals:
+    ///
+    /// - a `load` pick that left a holder: [`Router::keep_cheaper_holder`];
+    /// - a `prefix` pick: [`Router::leave_costlier_holder`].
+    ///
+    /// Either way the chosen endpoint's prediction is recorded; the model
+    /// learns from it (`Decision::prediction`).
+    fn check_by_cost(&self, decision: &mut Decision, candidates: &[Candidate], req: &RequestFacts) {
+        let scheduling = &self.config.scheduling;
+        if !(scheduling.keep_cheaper_holder || scheduling.leave_costlier_holder) {
             return;
         }
-        let cost = |c: &Candidate| self.prediction(c, prompt_tokens);
-        let Some(chosen) = candidates.iter().find(|c| c.endpoint == decision.endpoint) else {
+        // Candidates follow the sorted pool.
+        let at = |e: Endpoint| {
+            candidates
+                .binary_search_by(|c| c.endpoint.cmp(&e))
+                .ok()
+                .map(|i| &candidates[i])
+        };
+        let Some(chosen) = at(decision.endpoint) else {
             return;
         };
-        let mut prediction = cost(chosen);
-        if decision.reason == Reason::Load {
-            let longest = candidates
-                .iter()
-                .filter(|c| c.healthy)
-                .fold(0.0, |m, c| max_num(m, c.matched()));
-            // Holders saving at least this many cached tokens over the pick.
-            let min_saved =
-                self.config.scheduling.keep_cheaper_holder_min_saved * prompt_tokens as f64;
-            let block_tokens = self.config.prefix.block_tokens as f64;
-            let holder = candidates
-                .iter()
-                .filter(|c| {
-                    c.healthy
-                        && c.matched() >= longest
-                        && c.matched() > chosen.matched()
-                        && (c.matched() - chosen.matched()) * block_tokens >= min_saved
-                })
-                .map(|c| (cost(c), c))
-                .min_by(|a, b| a.0.cost_ms.total_cmp(&b.0.cost_ms));
-            if let Some((p, h)) = holder.filter(|(p, _)| p.cost_ms < prediction.cost_ms) {
-                decision.kept_over = Some((decision.endpoint, prediction.cost_ms));
-                decision.endpoint = h.endpoint;
-                decision.reason = Reason::Prefix;
-                decision.matched_blocks = h.matched_blocks;
-                prediction = p;
+        let prediction = self.prediction(chosen, req.prompt_tokens);
+        let better = match decision.reason {
+            Reason::Load if scheduling.keep_cheaper_holder => {
+                self.keep_cheaper_holder(chosen, &prediction, candidates, req.prompt_tokens)
             }
-        }
+            // An adapter request stays where the scores put it: the model
+            // does not price loading an adapter.
+            Reason::Prefix if scheduling.leave_costlier_holder && req.adapter.is_none() => {
+                let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
+                self.leave_costlier_holder(chosen, &prediction, rivals, req.prompt_tokens)
+            }
+            _ => None,
+        };
         decision.prediction = Some(prediction);
+        if let Some((check, c, p)) = better {
+            decision.overruled = Some(Overruled {
+                check,
+                endpoint: decision.endpoint,
+                cost_ms: prediction.cost_ms,
+            });
+            decision.endpoint = c.endpoint;
+            decision.reason = match check {
+                CostCheck::KeptHolder => Reason::Prefix,
+                CostCheck::LeftHolder => Reason::Load,
+            };
+            decision.matched_blocks = c.matched_blocks;
+            decision.prediction = Some(p);
+        }
+    }
+
+    /// `scheduling.keep_cheaper_holder`: the pick left a holder of the
+    /// longest live prefix for load (long-qa: a 60k-token document
+    /// re-prefilled for 2.6 s, the questions queued behind it waiting as
+    /// long). When it would prefill again at least
+    /// `keep_cheaper_holder_min_saved` of the prompt that the holder has
+    /// cached, the cheapest such holder wins if it costs less than the
+    /// pick; a holder whose queue costs more than the prefill still loses.
+    /// Smaller differences stay with the load scores and
+    /// [`Router::leave_costlier_holder`]: vetoing every move of a
+    /// conversation whose shared prompt is cached everywhere kept hot
+    /// groups on one pod (bench/README.md).
+    fn keep_cheaper_holder<'c>(
+        &self,
+        chosen: &Candidate,
+        prediction: &Prediction,
+        candidates: &'c [Candidate],
+        prompt_tokens: u64,
+    ) -> Option<(CostCheck, &'c Candidate, Prediction)> {
+        let longest = candidates
+            .iter()
+            .filter(|c| c.healthy)
+            .fold(0.0, |m, c| max_num(m, c.matched()));
+        // Holders saving at least this many cached tokens over the pick.
+        let min_saved = self.config.scheduling.keep_cheaper_holder_min_saved * prompt_tokens as f64;
+        let block_tokens = self.config.prefix.block_tokens as f64;
+        candidates
+            .iter()
+            .filter(|c| {
+                c.healthy
+                    && c.matched() >= longest
+                    && c.matched() > chosen.matched()
+                    && (c.matched() - chosen.matched()) * block_tokens >= min_saved
+            })
+            .map(|c| (c, self.prediction(c, prompt_tokens)))
+            .min_by(|a, b| a.1.cost_ms.total_cmp(&b.1.cost_ms))
+            .filter(|(_, p)| p.cost_ms < prediction.cost_ms)
+            .map(|(c, p)| (CostCheck::KeptHolder, c, p))
+    }
+
+    /// `scheduling.leave_costlier_holder`: the pick holds the longest
+    /// prefix, but its decode load or queue may cost more than prefilling
+    /// the prompt elsewhere (agentic: 24 agents' first requests share a
+    /// tool prompt within 3 ms and 23 piled onto its first holder, whose
+    /// prefix score outweighs every load score at its cap, leaving a pod
+    /// idle for the whole run). A rival among the best scored others (at
+    /// most [`crate::scheduler::SCORES_KEPT`]: the ones that passed the
+    /// filters) wins if its
+    /// cost, charged once more for the prefill it repeats (`ms_per_token`
+    /// x the tokens it would prefill beyond the holder's), is still below
+    /// the holder's by more than the holder's fixed part (`overhead_ms`,
+    /// one step: closer predictions are noise). The charge is what the
+    /// move costs the fleet: the holder would not have prefilled those
+    /// tokens at all. The prefix then gains a holder, and later requests
+    /// balance over both.
+    fn leave_costlier_holder<'c>(
+        &self,
+        chosen: &Candidate,
+        prediction: &Prediction,
+        rivals: impl Iterator<Item = &'c Candidate>,
+        prompt_tokens: u64,
+    ) -> Option<(CostCheck, &'c Candidate, Prediction)> {
+        let charged = |p: &Prediction| {
+            p.cost_ms
+                + p.ms_per_token * non_negative(p.uncached_tokens - prediction.uncached_tokens)
+        };
+        rivals
+            .filter(|c| c.healthy && c.endpoint != chosen.endpoint)
+            .map(|c| {
+                let p = self.prediction(c, prompt_tokens);
+                (charged(&p), c, p)
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .filter(|(cost, _, _)| *cost + prediction.overhead_ms < prediction.cost_ms)
+            .map(|(_, c, p)| (CostCheck::LeftHolder, c, p))
     }
 
     /// Up to `n` other scored candidates, best first: where Envoy's retries
@@ -449,7 +522,10 @@ impl Router {
     /// request size of the TTFT model).
     pub fn routed(&mut self, uncached: u64) {
         let scheduling = &self.config.scheduling;
-        if scheduling.profile == Profile::PredictedTtft || scheduling.keep_cheaper_holder {
+        if scheduling.profile == Profile::PredictedTtft
+            || scheduling.keep_cheaper_holder
+            || scheduling.leave_costlier_holder
+        {
             self.ttft.routed(uncached);
         }
     }
@@ -669,7 +745,7 @@ mod tests {
                 r.scheduler
                     .pick(&facts, &candidates, &mut fastrand::Rng::with_seed(seed));
             if let Some(d) = &mut want {
-                r.keep_cheaper_holder(d, &candidates, facts.prompt_tokens);
+                r.check_by_cost(d, &candidates, &facts);
             }
             assert_eq!(got, want, "round {round}");
         }
@@ -932,7 +1008,7 @@ mod tests {
             scores: vec![(ep(1), 1.0), (ep(2), 5.0), (ep(3), 3.0), (ep(4), 2.0)],
             predictions: Vec::new(),
             prediction: None,
-            kept_over: None,
+            overruled: None,
         };
         assert_eq!(Router::fallbacks(&d, 2), vec![ep(3), ep(4)]);
         assert_eq!(Router::fallbacks(&d, 9).len(), 3);
@@ -1031,12 +1107,13 @@ mod tests {
         let decide = |r: &Router, ahead: u64, rng: &mut fastrand::Rng| {
             decide_doc(r, &doc, &states, waiting(12, ahead), rng)
         };
-        // Without the check the load scores leave the holder for the idle
+        // Without the checks the load scores leave the holder for the idle
         // pod: the whole document would be prefilled again.
         r.config.scheduling.keep_cheaper_holder = false;
+        r.config.scheduling.leave_costlier_holder = false;
         let d = decide(&r, 10_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
-        assert_eq!((d.prediction, d.kept_over), (None, None));
+        assert_eq!((d.prediction, d.overruled), (None, None));
         // With it (the default), priced by the TTFT model, 10 640 tokens
         // behind the queue there cost less than 38 400 on the idle pod: the
         // holder keeps it.
@@ -1048,14 +1125,14 @@ mod tests {
         assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
         // The pick it replaced stays a fallback, and the decision says so.
         assert_eq!(Router::fallbacks(&d, 1), vec![ep(2)]);
-        let (over, cost) = d.kept_over.unwrap();
-        assert_eq!(over, ep(2));
-        assert!(cost > p.cost_ms, "{cost} vs {p:?}");
+        let o = d.overruled.unwrap();
+        assert_eq!((o.check, o.endpoint), (CostCheck::KeptHolder, ep(2)));
+        assert!(o.cost_ms > p.cost_ms, "{o:?} vs {p:?}");
         // A queue worth more than the whole prefill: the idle pod, by load.
         let d = decide(&r, 40_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!(d.prediction.unwrap().uncached_tokens, 38_400.0);
-        assert_eq!(d.kept_over, None);
+        assert_eq!(d.overruled, None);
     }
 
     #[test]
@@ -1073,7 +1150,7 @@ mod tests {
         // decide.
         let d = decide(&r, &mut rng);
         assert_eq!(
-            (d.endpoint, d.reason, d.kept_over),
+            (d.endpoint, d.reason, d.overruled),
             (ep(2), Reason::Load, None)
         );
         assert_eq!(d.prediction.unwrap().uncached_tokens, 12_800.0);
@@ -1081,9 +1158,90 @@ mod tests {
         r.config.scheduling.keep_cheaper_holder_min_saved = 0.1;
         let d = decide(&r, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
-        let (over, over_ms) = d.kept_over.unwrap();
-        assert_eq!(over, ep(2));
-        assert!(d.prediction.unwrap().cost_ms < over_ms);
+        let o = d.overruled.unwrap();
+        assert_eq!((o.check, o.endpoint), (CostCheck::KeptHolder, ep(2)));
+        assert!(d.prediction.unwrap().cost_ms < o.cost_ms);
+    }
+
+    #[test]
+    fn weighted_gives_a_hot_prefix_a_second_holder_once_the_first_costs_more() {
+        // A tool prompt of 31 blocks, and each request's own last block
+        // (2 048 tokens): endpoint 1 got the first request and holds it.
+        let mut r = router(3);
+        let mut rng = fastrand::Rng::with_seed(1);
+        let states = idle_states(&r, 0);
+        let tool: Vec<u64> = (1..=31).collect();
+        r.learn(ep(1), &tool, 0);
+        let request = |i: u64| [tool.as_slice(), &[1_000 + i]].concat();
+        let decide =
+            |r: &Router, i: u64, load: &dyn Fn(&Endpoint) -> InFlight, rng: &mut fastrand::Rng| {
+                let d = r.decide(
+                    &request(i),
+                    2_048,
+                    &states,
+                    &OutlierTable::default(),
+                    load,
+                    1,
+                    rng,
+                );
+                d.unwrap()
+            };
+        // `n` requests wait on the holder, 64 uncached tokens each.
+        let on_holder = |n: u32| {
+            move |e: &Endpoint| {
+                if *e == ep(1) {
+                    waiting(n, 64 * u64::from(n))
+                } else {
+                    InFlight::default()
+                }
+            }
+        };
+        // A few: the holder is cheaper than prefilling 2 048 tokens again.
+        let d = decide(&r, 0, &on_holder(4), &mut rng);
+        assert_eq!(
+            (d.endpoint, d.reason, d.overruled),
+            (ep(1), Reason::Prefix, None)
+        );
+        // Forty: the scores still pick the holder (its prefix outweighs
+        // every load score at its cap), and without the check it piles up.
+        r.config.scheduling.leave_costlier_holder = false;
+        let d = decide(&r, 1, &on_holder(40), &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        // With it (the default), the holder's queue costs more than the
+        // other endpoint's prefill, charged twice: the prefix moves.
+        r.config.scheduling.leave_costlier_holder = true;
+        let d = decide(&r, 2, &on_holder(40), &mut rng);
+        assert_eq!(d.reason, Reason::Load);
+        assert_ne!(d.endpoint, ep(1));
+        let o = d.overruled.unwrap();
+        assert_eq!((o.check, o.endpoint), (CostCheck::LeftHolder, ep(1)));
+        let p = d.prediction.unwrap();
+        assert_eq!(p.uncached_tokens, 2_048.0);
+        assert!(
+            p.cost_ms + p.ms_per_token * 1_984.0 < o.cost_ms,
+            "{p:?} vs {o:?}"
+        );
+        // The prefix now has two holders: the next requests balance over
+        // them, by the scores, and the third endpoint stays out.
+        let second = d.endpoint;
+        r.learn(second, &request(2), 2);
+        let both = |n1: u32, n2: u32| {
+            move |e: &Endpoint| match e {
+                e if *e == ep(1) => waiting(n1, 64 * u64::from(n1)),
+                e if *e == second => waiting(n2, 64 * u64::from(n2)),
+                _ => InFlight::default(),
+            }
+        };
+        let d = decide(&r, 3, &both(40, 1), &mut rng);
+        assert_eq!(
+            (d.endpoint, d.reason, d.overruled),
+            (second, Reason::Prefix, None)
+        );
+        let d = decide(&r, 4, &both(8, 16), &mut rng);
+        assert_eq!(
+            (d.endpoint, d.reason, d.overruled),
+            (ep(1), Reason::Prefix, None)
+        );
     }
 
     #[test]

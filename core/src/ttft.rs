@@ -1,7 +1,7 @@
 //! The predicted time to first token (TTFT) of a request on each endpoint,
 //! with rates learnt online from what the filter sees (`scheduling.profile:
-//! predicted_ttft`, and the holder check `scheduling.keep_cheaper_holder`
-//! of the other profiles).
+//! predicted_ttft`, and the cost checks `scheduling.keep_cheaper_holder`
+//! and `scheduling.leave_costlier_holder` of the other profiles).
 //!
 //! ## The model
 //!

@@ -165,13 +165,35 @@ pub struct Decision {
     /// (`predicted_ttft` profile only; empty otherwise).
     pub predictions: Vec<Prediction>,
     /// The chosen endpoint's predicted TTFT, when the router made one
-    /// (`predicted_ttft`, or `scheduling.keep_cheaper_holder`): what the
+    /// (`predicted_ttft`, or a cost check of the other profiles): what the
     /// TTFT model learns from.
     pub prediction: Option<Prediction>,
-    /// The pick `scheduling.keep_cheaper_holder` replaced by a cheaper
-    /// holder of the prefix, and its predicted cost (ms); `None` when the
-    /// scores' pick stood.
-    pub kept_over: Option<(Endpoint, f64)>,
+    /// The scores' pick, when a cost check replaced it; `None` when it
+    /// stood.
+    pub overruled: Option<Overruled>,
+}
+
+/// Which cost check of `weighted` and `affinity_gate` replaced the scores'
+/// pick (`Router::keep_cheaper_holder`, `Router::leave_costlier_holder`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostCheck {
+    /// `scheduling.keep_cheaper_holder`: a holder of the prefix instead of
+    /// a load pick that would prefill most of it again.
+    KeptHolder,
+    /// `scheduling.leave_costlier_holder`: another endpoint instead of the
+    /// holder, cheaper even after prefilling again what the holder had.
+    LeftHolder,
+}
+
+/// A pick a cost check replaced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Overruled {
+    /// The check.
+    pub check: CostCheck,
+    /// The scores' pick.
+    pub endpoint: Endpoint,
+    /// Its predicted cost, ms.
+    pub cost_ms: f64,
 }
 
 /// Runs a scheduling profile.
@@ -338,7 +360,7 @@ impl Scheduler {
             // Empty unless `predicted_ttft` (`pick` passes none).
             prediction: predictions.get(kept[k]).copied(),
             predictions: chosen_predictions,
-            kept_over: None,
+            overruled: None,
         })
     }
 }

@@ -19,10 +19,12 @@
 //! included. It deliberately has no prefix scorer: after the gate opens, a
 //! prefix weight at least the sum of the load weights would keep a fully
 //! matched endpoint winning and make the gate inert. Weights of 0 skip a
-//! scorer in either profile. With `scheduling.keep_cheaper_holder` (on by
-//! default) the router checks a `load` pick of either profile that would
-//! prefill most of the prompt again against the TTFT model, and keeps the
-//! prefix's holder when it costs less (`router.rs`, `keep_cheaper_holder`).
+//! scorer in either profile. Two cost checks, on by default, price a pick
+//! of either profile with the TTFT model (`router.rs`, `check_by_cost`):
+//! `scheduling.keep_cheaper_holder` keeps the prefix's holder when a load
+//! pick that would prefill most of the prompt again costs more, and
+//! `scheduling.leave_costlier_holder` leaves a holder whose queue or decode
+//! load costs more than prefilling the prompt elsewhere, charged twice.
 
 use super::filter::{AffinityGateFilter, HealthFilter, OverloadFilter};
 use super::plugin::{Filter, Scorer};
