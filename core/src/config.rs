@@ -441,7 +441,7 @@ pub struct SchedulingConfig {
     /// scores saturate at their weights and cannot see a holder's decode
     /// load growing; this prices it. On by default (bench/README.md,
     /// issue 12: agentic without an idle pod, hotspot spread, saturation's
-    /// TTFT p50 8-27 % slower).
+    /// TTFT p50 9 % slower on average).
     pub leave_costlier_holder: bool,
     /// The predicted-TTFT model (`profile: predicted_ttft`, and the
     /// cost checks of the other profiles).

@@ -435,15 +435,14 @@ impl Router {
     /// tool prompt within 3 ms and 23 piled onto its first holder, whose
     /// prefix score outweighs every load score at its cap, leaving a pod
     /// idle for the whole run). A rival among the best scored others (at
-    /// most [`crate::scheduler::SCORES_KEPT`]: the ones that passed the
-    /// filters) wins if its
-    /// cost, charged once more for the prefill it repeats (`ms_per_token`
-    /// x the tokens it would prefill beyond the holder's), is still below
-    /// the holder's by more than the holder's fixed part (`overhead_ms`,
-    /// one step: closer predictions are noise). The charge is what the
-    /// move costs the fleet: the holder would not have prefilled those
-    /// tokens at all. The prefix then gains a holder, and later requests
-    /// balance over both.
+    /// most [`crate::scheduler::SCORES_KEPT`], all past the filters) wins
+    /// if its cost, charged once more for the prefill it repeats
+    /// (`ms_per_token` x the tokens it would prefill beyond the holder's),
+    /// is still below the holder's by more than the holder's fixed part
+    /// (`overhead_ms`, one step: closer predictions are noise). The charge
+    /// is what the move costs the fleet: the holder would not have
+    /// prefilled those tokens at all. The prefix then gains a holder, and
+    /// later requests balance over both.
     fn leave_costlier_holder<'c>(
         &self,
         chosen: &Candidate,
