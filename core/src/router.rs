@@ -1244,6 +1244,47 @@ mod tests {
     }
 
     #[test]
+    fn leave_costlier_holder_leaves_adapter_requests_to_the_scores() {
+        // The model does not price loading an adapter on the other pod.
+        let mut r = two_models();
+        let mut rng = fastrand::Rng::with_seed(1);
+        let states = idle_states(&r, 0);
+        let tool: Vec<u64> = (1..=31).collect();
+        r.learn(ep(1), &tool, 0);
+        let request = [tool.as_slice(), &[1_000]].concat();
+        let piled = |e: &Endpoint| {
+            if *e == ep(1) {
+                waiting(40, 64 * 40)
+            } else {
+                InFlight::default()
+            }
+        };
+        let none = OutlierTable::default();
+        let mut decide = |model: &str| {
+            let scope = r.scope(Some(model)).unwrap();
+            r.decide_in(
+                scope,
+                &request[..],
+                2_048,
+                &states,
+                &none,
+                piled,
+                1,
+                &mut rng,
+            )
+            .unwrap()
+        };
+        let base = decide("a");
+        assert_eq!((base.endpoint, base.reason), (ep(2), Reason::Load));
+        assert_eq!(base.overruled.map(|o| o.check), Some(CostCheck::LeftHolder));
+        let lora = decide("a-lora");
+        assert_eq!(
+            (lora.endpoint, lora.reason, lora.overruled),
+            (ep(1), Reason::Prefix, None)
+        );
+    }
+
+    #[test]
     fn ttft_keeps_a_long_prefix_on_a_busy_holder_until_its_queue_costs_more() {
         let mut r = ttft_router(2);
         let mut rng = fastrand::Rng::with_seed(1);
