@@ -393,6 +393,10 @@ impl HttpContext for RequestFilter {
                 self.chosen_answered = false;
                 self.state.borrow_mut().not_answered(endpoint);
             }
+            // Only a 2xx from the chosen endpoint means it cached the prompt.
+            if !self.answer_ok || matches!(said, Verdict::NotAnswered | Verdict::Fallback(_)) {
+                self.state.borrow_mut().refused(r, now_ms(self));
+            }
             // The fallback that answered now caches the prompt.
             if let (Verdict::Fallback(served_by), true) = (said, self.answer_ok) {
                 self.state

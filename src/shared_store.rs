@@ -309,7 +309,9 @@ impl SharedStore {
             let value = get(&key).0;
             match value.as_deref().map(|v| (LogEntry::decode(v), v)) {
                 Some((Some(e), raw)) if e.seq == next => {
-                    if !e.from_peer && !answer.push(raw) {
+                    // Refusals stay here (`decision_log`: older peers
+                    // would drop the whole answer).
+                    if !e.from_peer && !e.forget && !answer.push(raw) {
                         if !answer.is_empty() {
                             break; // the rest goes in the next answer
                         }

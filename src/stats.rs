@@ -65,6 +65,9 @@ pub enum Counter {
     /// Requests a fallback answered (2xx) after the chosen endpoint did not:
     /// the prefix index now records the prompt on that fallback.
     FallbackAnswered,
+    /// Requests whose chosen endpoint answered other than 2xx (or not at
+    /// all) after their decision taught the prefix index: unlearnt.
+    PrefixForgotten,
     /// Sync calls a peer answered.
     PeerSyncOk,
     /// Sync calls that failed (connect error, timeout, not 200).
@@ -100,7 +103,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 38] = [
+const COUNTERS: [(Counter, &str); 39] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -132,6 +135,7 @@ const COUNTERS: [(Counter, &str); 38] = [
         Counter::FallbackAnswered,
         "kvroute.failover.fallback_answered",
     ),
+    (Counter::PrefixForgotten, "kvroute.prefix.forgotten"),
     (Counter::PeerSyncOk, "kvroute.peer.sync_ok"),
     (Counter::PeerSyncFailed, "kvroute.peer.sync_failed"),
     (Counter::PeerMalformed, "kvroute.peer.malformed"),

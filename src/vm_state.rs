@@ -54,8 +54,12 @@ pub struct Routed {
     /// When it was routed (ms).
     pub at_ms: u64,
     /// Its decision-log entry (`None` when it taught the index nothing):
-    /// read back when a fallback answers instead (`VmState::served_by`).
+    /// read back when a fallback answers instead (`VmState::served_by`) or
+    /// the endpoint refuses it (`VmState::refused`).
     pub log_seq: Option<u64>,
+    /// Leading blocks of the prompt the endpoint already held: what a
+    /// refusal leaves it.
+    pub matched_blocks: usize,
 }
 
 impl Routed {
@@ -193,7 +197,11 @@ impl VmState {
             self.stats.inc(Counter::LogLost);
         }
         for entry in read.entries {
-            self.learn(entry.endpoint, entry.blocks, entry.at_ms);
+            if entry.forget {
+                self.unlearn(entry.endpoint, &entry.blocks);
+            } else {
+                self.learn(entry.endpoint, entry.blocks, entry.at_ms);
+            }
         }
         // Own entries the ring lost are never seen again: keep the set bounded.
         let next = self.cursor.next;
@@ -219,6 +227,14 @@ impl VmState {
         if self.deferred.full() {
             self.apply_deferred(None);
         }
+    }
+
+    /// Unlearns `hashes` for `endpoint` (a refused request's). Put-off
+    /// records are made first: the one being undone may be among them, and
+    /// must not come back after.
+    fn unlearn(&mut self, endpoint: Endpoint, hashes: &[u64]) {
+        self.apply_deferred(None);
+        self.router.forget(endpoint, hashes);
     }
 
     /// Records the put-off decisions a prompt starting with `first` could
@@ -335,6 +351,7 @@ impl VmState {
         } else {
             let mut entry = LogEntry {
                 from_peer: false,
+                forget: false,
                 seq: 0,
                 endpoint,
                 at_ms: now_ms,
@@ -382,6 +399,7 @@ impl VmState {
             debug,
             at_ms: now_ms,
             log_seq,
+            matched_blocks: decision.matched_blocks,
         })
     }
 
@@ -455,7 +473,7 @@ impl VmState {
         let Some(mut entry) = routed.log_seq.and_then(|seq| self.store.read_entry(seq)) else {
             return;
         };
-        if entry.endpoint != routed.endpoint || entry.from_peer {
+        if entry.endpoint != routed.endpoint || entry.from_peer || entry.forget {
             return; // not this request's entry
         }
         entry.endpoint = served_by;
@@ -464,6 +482,36 @@ impl VmState {
             self.own_seqs.insert(seq);
         }
         self.learn(served_by, entry.blocks, now_ms);
+    }
+
+    /// The chosen endpoint did not answer `routed` with a 2xx: it refused it
+    /// (e.g. 400, longer than its context; 429 or 503, overloaded), failed,
+    /// or never got it. Either way it did not cache the prompt, so what the
+    /// decision taught the index is unlearnt: the hashes beyond the blocks
+    /// it already held (its leaf included), here and, through a `forget`
+    /// entry in the decision log, on every worker. A client's retry is then
+    /// placed like a new prompt instead of going back by prefix. Nothing is
+    /// unlearnt when the entry left the ring meanwhile.
+    pub fn refused(&mut self, routed: &Routed, now_ms: u64) {
+        let Some(mut entry) = routed.log_seq.and_then(|seq| self.store.read_entry(seq)) else {
+            return;
+        };
+        if entry.endpoint != routed.endpoint || entry.from_peer || entry.forget {
+            return; // not this request's entry
+        }
+        entry
+            .blocks
+            .drain(..routed.matched_blocks.min(entry.blocks.len()));
+        if entry.blocks.is_empty() {
+            return;
+        }
+        entry.forget = true;
+        entry.at_ms = now_ms;
+        if let Some(seq) = self.store.append_log(&mut entry, None) {
+            self.own_seqs.insert(seq);
+        }
+        self.unlearn(entry.endpoint, &entry.blocks);
+        self.stats.inc(Counter::PrefixForgotten);
     }
 
     /// Envoy got no response byte from the chosen endpoint (connect failure,

@@ -641,3 +641,72 @@ fn measure_pod_kill() {
         }
     }
 }
+
+/// A pod that refuses a prompt (here HTTP 400: longer than its context, in a
+/// fleet of unequal pods) never cached it, so kvroute must not send the
+/// prompt back there by prefix: the refusal un-teaches what the decision
+/// taught, on every worker (4 of them: a retry lands on another worker than
+/// the refusal 3 times in 4), and the retry is placed like a new prompt.
+#[test]
+fn a_prompt_a_pod_refused_is_not_sent_back_there_by_its_prefix() {
+    // Pod 0 holds 640 tokens of context; pod 1, the default 416 000.
+    let sims = [
+        Sim::start(1, &["--time-scale", "0.1", "--kv-blocks", "40"]),
+        Sim::start(1, &["--time-scale", "0.1"]),
+    ];
+    let small = format!("endpoint={};", sims[0].endpoint(0));
+    let envoy = Envoy::start(&endpoints(&sims), config(json!({})), 4);
+    warm_up(&envoy);
+    let url = envoy.url("/v1/completions");
+    let ask = |prompt: &str| {
+        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 4});
+        let r = try_post_json(&url, &body).expect("envoy answered");
+        let debug = r.header("x-kvroute-debug").unwrap_or("").to_string();
+        (r.status, debug)
+    };
+    // Long prompts, each retried by its client until answered: ~1400 tokens,
+    // and ~5600 for the second refusal (over 64 blocks, a record the index
+    // puts off: unlearning it must not let it come back).
+    let mut refused = 0;
+    for i in 0..40 {
+        let words = if refused == 1 { 800 } else { 200 };
+        let prompt = format!(
+            "document {i}: {}",
+            "lorem ipsum dolor sit amet ".repeat(words)
+        );
+        let (status, debug) = ask(&prompt);
+        if !debug.starts_with(&small) {
+            assert_eq!(status, 200, "{debug}");
+            continue;
+        }
+        assert_eq!(status, 400, "{debug}");
+        refused += 1;
+        // No retry goes back to the small pod by prefix, and once the big
+        // pod answers, the prompt sticks there.
+        let mut answered_at = None;
+        for attempt in 0..6 {
+            let (status, debug) = ask(&prompt);
+            assert!(
+                !(debug.starts_with(&small) && debug.contains("reason=Prefix")),
+                "prompt {i}, retry {attempt}: sent back by prefix to the pod that refused it: {debug}"
+            );
+            if let Some(first) = answered_at {
+                assert!(
+                    status == 200 && debug.contains("reason=Prefix"),
+                    "prompt {i}, retry {attempt} after retry {first} was answered: {status} {debug}"
+                );
+            } else if status == 200 {
+                answered_at = Some(attempt);
+            }
+        }
+        assert!(answered_at.is_some(), "prompt {i}: no retry was answered");
+        if refused == 3 {
+            break;
+        }
+    }
+    assert_eq!(
+        refused, 3,
+        "the small pod was not chosen for 3 long prompts"
+    );
+    assert!(envoy.stat("wasmcustom.kvroute.prefix.forgotten") >= 3.0);
+}

@@ -315,6 +315,7 @@ fn a_hostile_peer_changes_nothing() {
         at_ms: 0,
         blocks,
         from_peer,
+        forget: false,
     };
     let answer = |entries: Vec<LogEntry>, inflight: InFlightTable| {
         SyncAnswer {

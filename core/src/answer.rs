@@ -19,7 +19,10 @@
 //! per worker and scrape period. When a fallback answered, the prompt is
 //! now cached there, not on the chosen endpoint: the shell teaches the
 //! prefix index so (`VmState::served_by`), and the conversation's next turn
-//! follows it.
+//! follows it. Any answer but a 2xx sent by the chosen endpoint (a refusal
+//! such as 400 or 429, an error, a fallback's answer, none) means the chosen
+//! endpoint did not cache the prompt: the shell unlearns what the decision
+//! taught it (`VmState::refused`).
 
 use crate::endpoint::Endpoint;
 

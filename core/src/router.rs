@@ -562,6 +562,12 @@ impl Router {
         }
     }
 
+    /// Unlearns `hashes` (blocks, or a leaf) for `endpoint`: it refused the
+    /// request that taught them (see `PrefixIndex::forget`).
+    pub fn forget(&mut self, endpoint: Endpoint, hashes: &[u64]) {
+        self.index.forget(endpoint, hashes);
+    }
+
     /// Blocks the index holds for `endpoint`.
     pub fn indexed_blocks(&self, endpoint: Endpoint) -> usize {
         self.index.len(endpoint)

@@ -414,7 +414,7 @@ proptest! {
         let entries: Vec<LogEntry> = blocks
             .iter()
             .enumerate()
-            .map(|(i, b)| LogEntry { seq: i as u64, endpoint, at_ms: 1, blocks: b.clone(), from_peer: false })
+            .map(|(i, b)| LogEntry { seq: i as u64, endpoint, at_ms: 1, blocks: b.clone(), from_peer: false, forget: false })
             .collect();
         let answer = SyncAnswer { replica, next: 9, skipped: 1, entries, ..SyncAnswer::default() };
         let bytes = answer.encode();
@@ -443,7 +443,7 @@ proptest! {
         let encoded = encode_pool(&pool);
         prop_assert_eq!(decode_pool(&encoded), Some(pool.clone()));
         if let Some(&endpoint) = pool.first() {
-            let entry = LogEntry { seq: 7, endpoint, at_ms: 9, blocks: blocks.clone(), from_peer: false };
+            let entry = LogEntry { seq: 7, endpoint, at_ms: 9, blocks: blocks.clone(), from_peer: false, forget: blocks.len() % 2 == 0 };
             let bytes = entry.encode();
             prop_assert_eq!(LogEntry::decode(&bytes), Some(entry));
             // Mutations of a valid encoding: any outcome but a panic.

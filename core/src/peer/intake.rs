@@ -1,6 +1,7 @@
 //! What a replica takes from a peer's answer: only decisions a request of
 //! its own could have produced. Entries naming an endpoint outside the pool,
-//! claiming to be learned from a peer (a replica serves only its own), with
+//! claiming to be learned from a peer (a replica serves only its own),
+//! unlearning a refusal (never served: see `shared::decision_log`), with
 //! no blocks or more than a prompt can have are dropped (counted by the
 //! caller). The peer's in-flight work is kept for pool endpoints only.
 
@@ -32,6 +33,7 @@ pub fn accept(
     for e in entries {
         let ok = pool.contains(&e.endpoint)
             && !e.from_peer
+            && !e.forget
             && !e.blocks.is_empty()
             && e.blocks.len() <= max_blocks;
         if ok {
@@ -65,6 +67,7 @@ mod tests {
             at_ms: 0,
             blocks: (0..blocks as u64).collect(),
             from_peer,
+            forget: false,
         }
     }
 
@@ -79,12 +82,16 @@ mod tests {
             entry("10.0.0.2:8000", 0, false), // nothing to learn
             entry("10.0.0.2:8000", 9, false), // more blocks than a prompt has
             entry("10.0.0.2:8000", 8, false), // kept
+            LogEntry {
+                forget: true, // a refusal: never served, never taken
+                ..entry("10.0.0.2:8000", 3, false)
+            },
         ];
         let mut inflight = InFlightTable::new();
         inflight.add(ep("10.0.0.2:8000"), 50, 1);
         inflight.add(ep("192.168.1.1:80"), 50, 1);
         let got = accept(entries, &inflight, &pool, 8);
-        assert_eq!(got.dropped, 5);
+        assert_eq!(got.dropped, 6);
         let kept: Vec<_> = got
             .entries
             .iter()

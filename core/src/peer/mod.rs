@@ -7,7 +7,8 @@
 //! `peers.cluster`, member by member: Envoy keeps discovery, mTLS and
 //! health). What a replica learns goes into its own decision log marked
 //! `from_peer`, so all its workers learn it and it is never served again
-//! (no echo, no loops).
+//! (no echo, no loops). Refusals (the decision log's `forget` entries)
+//! are not served: a build from before them drops the whole answer.
 //!
 //! ```text
 //!  replica A (lease VM, every sync_interval_ms)           replica B (any worker VM, peer listener)

@@ -263,6 +263,7 @@ mod tests {
             at_ms: 1_000 + seq,
             blocks,
             from_peer: false,
+            forget: false,
         }
     }
 

@@ -342,6 +342,21 @@ impl PrefixIndex {
         }
     }
 
+    /// Unlearns that `endpoint` holds `blocks` (any order; a leaf is a
+    /// block like any other): for a request the endpoint refused, so never
+    /// cached. Blocks it does not hold are skipped; other endpoints'
+    /// holdings of the same blocks stay. O(blocks x holders per block).
+    pub fn forget(&mut self, endpoint: Endpoint, blocks: &[u64]) {
+        let Some(s) = self.slot(endpoint) else {
+            return;
+        };
+        for &b in blocks {
+            if let Some(n) = self.find(b, s) {
+                self.remove(n);
+            }
+        }
+    }
+
     /// Forgets every endpoint not in `pool`.
     pub fn retain(&mut self, pool: &[Endpoint]) {
         let keep: HashSet<Endpoint, fnv::FnvBuildHasher> = pool.iter().copied().collect();
@@ -712,6 +727,31 @@ mod tests {
     }
 
     #[test]
+    fn forget_unlearns_one_holder_and_reuses_the_nodes() {
+        let mut ix = PrefixIndex::new(100);
+        ix.record(ep(1), &[1, 2, 3, 4]);
+        ix.record(ep(2), &[1, 2, 3]);
+        ix.forget(ep(1), &[3, 4, 99]);
+        assert_eq!(
+            ix.longest_prefix(&[1, 2, 3, 4]),
+            vec![(ep(2), 3), (ep(1), 2)]
+        );
+        assert_eq!(ix.len(ep(1)), 2);
+        // The other holder's block 3 stays; block 4 had one holder.
+        assert_eq!(ix.distinct_blocks(), 3);
+        ix.forget(ep(2), &[1, 2, 3]);
+        ix.forget(ep(3), &[1]); // unknown endpoint: nothing
+        assert_eq!(ix.longest_prefix(&[1, 2]), vec![(ep(1), 2)]);
+        // The LRU list survives removals from its middle: 2 goes first.
+        ix.record(ep(1), &[5]);
+        ix.set_capacity(ep(1), 2);
+        assert!(ix.contains(ep(1), 5) && ix.contains(ep(1), 1) && !ix.contains(ep(1), 2));
+        let nodes = ix.nodes.len();
+        ix.record(ep(2), &[7, 8, 9]);
+        assert_eq!(ix.nodes.len(), nodes, "freed nodes are reused");
+    }
+
+    #[test]
     fn node_is_24_bytes() {
         // The memory figure in the module doc depends on it.
         assert_eq!(std::mem::size_of::<Node>(), 24);
@@ -852,6 +892,11 @@ mod tests {
                 list.insert(0, b);
             }
         }
+        fn forget(&mut self, e: Endpoint, blocks: &[u64]) {
+            if let Some((_, list)) = self.lists.get_mut(&e) {
+                list.retain(|b| !blocks.contains(b));
+            }
+        }
         fn set_capacity(&mut self, e: Endpoint, cap: usize, default: usize) {
             let entry = self.entry(e, default);
             entry.0 = cap;
@@ -894,6 +939,12 @@ mod tests {
                 }
                 2..=9 => {
                     assert_eq!(ix.longest_prefix(&blocks), naive.longest_prefix(&blocks));
+                }
+                10 | 11 => {
+                    // A refused request: its tail, from a random block on.
+                    let from = rng.usize(0..=len);
+                    ix.forget(e, &blocks[from..]);
+                    naive.forget(e, &blocks[from..]);
                 }
                 _ => {
                     ix.record(e, &blocks);

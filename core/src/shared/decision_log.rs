@@ -13,7 +13,7 @@
 //!
 //! ```text
 //! u8  version = 2
-//! u8  flags   = bit 0: from_peer (other bits zero)
+//! u8  flags   = bit 0: from_peer, bit 1: forget (other bits zero)
 //! u8  family  = 4 | 6
 //! ip  4 bytes (v4) | 16 bytes + u32 scope id (v6)
 //! u16 port (non-zero)
@@ -23,6 +23,15 @@
 //! n x u64 hashes to record: the request's block hashes, then its leaf
 //!           (`prefix::Leaves`) when its prompt ends mid-block
 //! ```
+//!
+//! A `forget` entry undoes part of an earlier one: the endpoint refused the
+//! request (a non-2xx answer, or none), so it never cached the hashes its
+//! decision taught; every worker unlearns them. A build from before forget
+//! entries decodes one to `None` and skips it (it keeps the record, as
+//! before). Replicas are not sent forget entries (`peer/`): a peer answer
+//! with an undecodable entry is dropped whole by such a build, so a
+//! refusal stays with the replica that saw it, and the peers' copies of the
+//! record age out of their LRU.
 //!
 //! The leaf is one more hash to record, so the format did not change with
 //! it. The block hashes themselves did (`prefix/v3`: the chain runs over
@@ -42,6 +51,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 pub const VERSION: u8 = 2;
 
 const FROM_PEER: u8 = 1;
+const FORGET: u8 = 2;
 
 /// One routing decision as replicated across workers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +67,9 @@ pub struct LogEntry {
     pub blocks: Vec<u64>,
     /// Learned from another gateway (not routed here).
     pub from_peer: bool,
+    /// Unlearn `blocks` for `endpoint` instead of recording them: it
+    /// refused a request it had been sent them for.
+    pub forget: bool,
 }
 
 impl LogEntry {
@@ -75,7 +88,14 @@ impl LogEntry {
         let n = self.blocks.len().min(u32::MAX as usize);
         let mut out = Vec::with_capacity(self.encoded_len());
         out.push(VERSION);
-        out.push(if self.from_peer { FROM_PEER } else { 0 });
+        let mut flags = 0;
+        if self.from_peer {
+            flags |= FROM_PEER;
+        }
+        if self.forget {
+            flags |= FORGET;
+        }
+        out.push(flags);
         match self.endpoint.addr() {
             SocketAddr::V4(a) => {
                 out.push(4);
@@ -103,11 +123,10 @@ impl LogEntry {
         if r.take::<1>()? != [VERSION] {
             return None;
         }
-        let from_peer = match r.take::<1>()? {
-            [0] => false,
-            [FROM_PEER] => true,
-            _ => return None,
-        };
+        let [flags] = r.take::<1>()?;
+        if flags & !(FROM_PEER | FORGET) != 0 {
+            return None;
+        }
         let ip: std::net::IpAddr = match r.take::<1>()? {
             [4] => Ipv4Addr::from(r.take::<4>()?).into(),
             [6] => Ipv6Addr::from(r.take::<16>()?).into(),
@@ -146,7 +165,8 @@ impl LogEntry {
             endpoint: Endpoint::new(addr),
             at_ms,
             blocks,
-            from_peer,
+            from_peer: flags & FROM_PEER != 0,
+            forget: flags & FORGET != 0,
         })
     }
 }
@@ -185,6 +205,7 @@ mod tests {
             at_ms: 1_764_000_000_123,
             blocks,
             from_peer: false,
+            forget: false,
         }
     }
 
@@ -215,6 +236,12 @@ mod tests {
         assert_eq!(&b[29..], &[0x22, 0x11, 0, 0, 0, 0, 0, 0]);
         e.from_peer = true;
         assert_eq!(e.encode()[1], 1);
+        assert_eq!(LogEntry::decode(&e.encode()), Some(e.clone()));
+        e.forget = true;
+        assert_eq!(e.encode()[1], 3);
+        assert_eq!(LogEntry::decode(&e.encode()), Some(e.clone()));
+        e.from_peer = false;
+        assert_eq!(e.encode()[1], 2);
         assert_eq!(LogEntry::decode(&e.encode()), Some(e));
     }
 
@@ -236,7 +263,15 @@ mod tests {
         longer.push(0);
         cases.push(longer);
         // Wrong version, flags, family, zero port, lying counts.
-        for (at, v) in [(0, 1u8), (1, 2), (2, 5), (7, 0), (25, 4), (28, 0xff)] {
+        for (at, v) in [
+            (0, 1u8),
+            (1, 4),
+            (1, 0x80),
+            (2, 5),
+            (7, 0),
+            (25, 4),
+            (28, 0xff),
+        ] {
             let mut bad = good.clone();
             bad[at] = v;
             if at == 7 {
