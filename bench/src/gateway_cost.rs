@@ -190,7 +190,8 @@ async fn lag(admins: &[&str]) -> Option<Lag> {
 }
 
 /// Sums, over `admins`, the kvroute counters a run reports (`kvroute.` prefix and
-/// Envoy's `wasmcustom.` removed): decisions, request counts and the peer sync's.
+/// Envoy's `wasmcustom.` removed): decisions, request counts, refusals and
+/// failovers, and the peer sync's.
 pub async fn kvroute_counters(admins: &[&str]) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for admin in admins {
@@ -200,7 +201,17 @@ pub async fn kvroute_counters(admins: &[&str]) -> BTreeMap<String, u64> {
                 .trim_start_matches("kvroute.");
             if k.starts_with("decision.")
                 || (k.starts_with("peer.") && k != "peer.replicas")
-                || ["requests", "routed", "parsed", "log_lost", "body_too_large"].contains(&k)
+                || [
+                    "requests",
+                    "routed",
+                    "parsed",
+                    "log_lost",
+                    "body_too_large",
+                    "prefix.forgotten",
+                    "failover.unanswered",
+                    "failover.fallback_answered",
+                ]
+                .contains(&k)
             {
                 *out.entry(k.to_string()).or_insert(0) += v;
             }
