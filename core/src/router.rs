@@ -343,6 +343,8 @@ impl Router {
     /// - a `load` pick that left a holder: [`Router::keep_cheaper_holder`];
     /// - a `prefix` pick: [`Router::leave_costlier_holder`].
     ///
+    /// Both leave a holder only by one rule ([`move_pays`]).
+    ///
     /// Either way the chosen endpoint's prediction is recorded; the model
     /// learns from it (`Decision::prediction`).
     fn check_by_cost(&self, decision: &mut Decision, candidates: &[Candidate], req: &RequestFacts) {
@@ -395,9 +397,14 @@ impl Router {
     /// re-prefilled for 2.6 s, the questions queued behind it waiting as
     /// long). When it would prefill again at least
     /// `keep_cheaper_holder_min_saved` of the prompt that the holder has
-    /// cached, the cheapest such holder wins if it costs less than the
-    /// pick; a holder whose queue costs more than the prefill still loses.
-    /// Smaller differences stay with the load scores and
+    /// cached, the cheapest such holder is kept unless leaving it pays by
+    /// the rule `leave_costlier_holder` applies ([`move_pays`]: the pick's
+    /// cost, charged for the prefill it repeats, below the holder's by more
+    /// than one step); a holder whose queue costs more than that still
+    /// loses. (Uncharged, a near tie went to the re-prefill: a holder
+    /// still prefilling the very document a question needs counts that
+    /// document's in-flight tokens as ahead in full, as much as the pick's
+    /// own prefill of it.) Smaller differences stay with the load scores and
     /// [`Router::leave_costlier_holder`]: vetoing every move of a
     /// conversation whose shared prompt is cached everywhere kept hot
     /// groups on one pod (bench/README.md).
@@ -425,7 +432,7 @@ impl Router {
             })
             .map(|c| (c, self.prediction(c, prompt_tokens)))
             .min_by(|a, b| a.1.cost_ms.total_cmp(&b.1.cost_ms))
-            .filter(|(_, p)| p.cost_ms < prediction.cost_ms)
+            .filter(|(_, holder)| !move_pays(holder, prediction))
             .map(|(c, p)| (CostCheck::KeptHolder, c, p))
     }
 
@@ -450,18 +457,14 @@ impl Router {
         rivals: impl Iterator<Item = &'c Candidate>,
         prompt_tokens: u64,
     ) -> Option<(CostCheck, &'c Candidate, Prediction)> {
-        let charged = |p: &Prediction| {
-            p.cost_ms
-                + p.ms_per_token * non_negative(p.uncached_tokens - prediction.uncached_tokens)
-        };
         rivals
             .filter(|c| c.healthy && c.endpoint != chosen.endpoint)
             .map(|c| {
                 let p = self.prediction(c, prompt_tokens);
-                (charged(&p), c, p)
+                (charged(prediction, &p), c, p)
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .filter(|(cost, _, _)| *cost + prediction.overhead_ms < prediction.cost_ms)
+            .filter(|(_, _, p)| move_pays(prediction, p))
             .map(|(_, c, p)| (CostCheck::LeftHolder, c, p))
     }
 
@@ -572,6 +575,26 @@ impl Router {
     pub fn indexed_blocks(&self, endpoint: Endpoint) -> usize {
         self.index.len(endpoint)
     }
+}
+
+/// What moving a request off `holder` to `mover` costs, by the TTFT model:
+/// the mover's cost, charged once more for the prefill the move repeats
+/// (its ms per token x the tokens it prefills beyond the holder's). The
+/// holder would not prefill those tokens at all; the charge is what the
+/// fleet loses by the move.
+fn charged(holder: &Prediction, mover: &Prediction) -> f64 {
+    mover.cost_ms
+        + mover.ms_per_token * non_negative(mover.uncached_tokens - holder.uncached_tokens)
+}
+
+/// The rule both cost checks share: a request leaves the holder of its
+/// prefix only when the move is cheaper even after its charge
+/// ([`charged`]), by more than the holder's fixed part (`overhead_ms`, one
+/// step: closer predictions are noise). `leave_costlier_holder` moves a
+/// prefix pick by it; `keep_cheaper_holder` keeps the holder a load pick
+/// left unless it holds, so the two checks cannot disagree on a pair.
+fn move_pays(holder: &Prediction, mover: &Prediction) -> bool {
+    charged(holder, mover) + holder.overhead_ms < holder.cost_ms
 }
 
 #[cfg(test)]
@@ -1104,7 +1127,7 @@ mod tests {
     }
 
     #[test]
-    fn weighted_keeps_a_long_prefix_on_a_busy_holder_while_it_costs_less() {
+    fn weighted_keeps_a_long_prefix_on_a_busy_holder_until_leaving_it_pays() {
         let (mut r, states, doc) = busy_holder_of_a_doc();
         let mut rng = fastrand::Rng::with_seed(1);
         // Twelve of kvroute's requests wait there with `ahead` tokens of
@@ -1133,8 +1156,17 @@ mod tests {
         let o = d.overruled.unwrap();
         assert_eq!((o.check, o.endpoint), (CostCheck::KeptHolder, ep(2)));
         assert!(o.cost_ms > p.cost_ms, "{o:?} vs {p:?}");
-        // A queue worth more than the whole prefill: the idle pod, by load.
+        // A queue worth a little more than the whole prefill: leaving would
+        // save a little of this request's wait, but prefill again the
+        // 37 760 tokens the holder has. The move does not pay once charged
+        // for them (the rule `leave_costlier_holder` applies): kept.
         let d = decide(&r, 40_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        let (p, o) = (d.prediction.unwrap(), d.overruled.unwrap());
+        assert!(o.cost_ms < p.cost_ms, "uncharged, the pick was cheaper");
+        // A queue worth more than the prefill and its charge: the idle pod,
+        // by load.
+        let d = decide(&r, 100_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!(d.prediction.unwrap().uncached_tokens, 38_400.0);
         assert_eq!(d.overruled, None);

@@ -22,9 +22,11 @@
 //! scorer in either profile. Two cost checks, on by default, price a pick
 //! of either profile with the TTFT model (`router.rs`, `check_by_cost`):
 //! `scheduling.keep_cheaper_holder` keeps the prefix's holder when a load
-//! pick that would prefill most of the prompt again costs more, and
+//! pick would prefill most of the prompt again, and
 //! `scheduling.leave_costlier_holder` leaves a holder whose queue or decode
-//! load costs more than prefilling the prompt elsewhere, charged twice.
+//! load costs more than prefilling the prompt elsewhere; both by one rule:
+//! a request leaves a holder only when the move pays after a charge for
+//! the prefill it repeats.
 
 use super::filter::{AffinityGateFilter, HealthFilter, OverloadFilter};
 use super::plugin::{Filter, Scorer};
