@@ -152,6 +152,67 @@ fn a_killed_engine_is_avoided_and_requests_keep_succeeding() {
     );
 }
 
+/// A real engine's refusal: llama.cpp answers 400 for a prompt longer than
+/// its slot's context. In a fleet of unequal engines the prompt was never
+/// cached by the one that refused it, so the client's retry must not go back
+/// there by prefix (kvroute un-teaches the refusal), and the engine with room
+/// answers it.
+#[test]
+fn a_prompt_an_engine_refused_for_its_context_is_not_sent_back_there() {
+    let Some(e) = engine() else { return };
+    // 512 tokens of context against 2 x 2048.
+    let pods = [
+        LlamaServer::start(&e, 1, 512),
+        LlamaServer::start(&e, 2, 4096),
+    ];
+    let endpoints: Vec<String> = pods.iter().map(LlamaServer::endpoint).collect();
+    let small = format!("endpoint={};", endpoints[0]);
+    let envoy = Envoy::start(&endpoints, config(), 2);
+    wait_for_scrapes(&envoy);
+    let ask = |prompt: &str| {
+        let body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": 2, "temperature": 0});
+        let r = post_json(&envoy.url("/v1/completions"), &body);
+        (
+            r.status,
+            r.header(DEBUG).unwrap_or_default().to_string(),
+            r.body,
+        )
+    };
+    // ~1000-token prompts until the small engine refuses one.
+    let mut refused = None;
+    for i in 0..8 {
+        let prompt = format!(
+            "Document {i}. {}",
+            "The quick brown fox jumps over the lazy dog. ".repeat(100)
+        );
+        let (status, dbg, body) = ask(&prompt);
+        if dbg.starts_with(&small) {
+            assert_eq!(status, 400, "{dbg}: {body}");
+            refused = Some(prompt);
+            break;
+        }
+        assert_eq!(status, 200, "{dbg}: {body}");
+    }
+    let prompt = refused.expect("the small engine was never chosen");
+    // Placed like a new prompt, a retry may try the small engine again, but
+    // never by the refused prompt's prefix; the big engine answers one.
+    let mut answered = false;
+    for retry in 0..4 {
+        let (status, dbg, body) = ask(&prompt);
+        assert!(
+            !(dbg.starts_with(&small) && dbg.contains("reason=Prefix")),
+            "retry {retry} went back by prefix to the engine that refused it: {dbg}"
+        );
+        if status == 200 {
+            answered = true;
+            break;
+        }
+        assert_eq!(status, 400, "{dbg}: {body}");
+    }
+    assert!(answered, "no retry was answered");
+    assert!(envoy.stat("wasmcustom.kvroute.prefix.forgotten") >= 1.0);
+}
+
 /// Turn `turn` (0-based) of conversation `tag`: a system prompt of its own
 /// (~700 tokens), then the user/assistant turns so far; short answers.
 fn turn(tag: &str, turn: usize) -> Value {
