@@ -8,6 +8,8 @@
 //!   shared prefix (rendezvous choice, no sync needed);
 //! - a replica killed mid-run leaves the others routing with affinity, and it
 //!   rejoins (learns and teaches again) when restarted;
+//! - a refusal is unlearnt by the replica that saw it and never served to a
+//!   peer (older builds would drop the whole answer);
 //! - a peer answering junk, huge answers, foreign hosts or impossible entries
 //!   changes nothing: counted, ignored, never an upstream outside the pool;
 //! - the sync endpoint is not served on the public listener.
@@ -139,6 +141,40 @@ fn turns_alternating_between_replicas_stay_on_one_pod() {
         assert_eq!(r.stat("wasmcustom.kvroute.peer.malformed"), 0.0);
         assert_eq!(r.stat("wasmcustom.kvroute.peer.dropped"), 0.0);
     }
+}
+
+/// A refusal stays with the replica that saw it: its `forget` entry is not
+/// served to peers (a build from before such entries drops a whole sync
+/// answer with one it cannot decode), while the decisions themselves are.
+#[test]
+fn a_refusal_is_unlearnt_locally_and_never_served_to_peers() {
+    let sim = Sim::start(2, &[]);
+    let (replicas, _) = group(2, &sim.endpoints());
+    wait_synced(&replicas.iter().collect::<Vec<_>>(), 1);
+    sim.fault(0, json!({"error_rate": 1.0}));
+    let refusing = format!("endpoint={};", sim.endpoint(0));
+    let mut refused = 0;
+    for c in 0..12 {
+        let body = conversation_turn(MODEL, &format!("refused-{c}"), 0);
+        let r = post_json(&replicas[0].url("/v1/chat/completions"), &body);
+        let dbg = r.header(DEBUG).unwrap_or_default().to_string();
+        if dbg.starts_with(&refusing) {
+            assert_eq!(r.status, 500, "{dbg}");
+            refused += 1;
+            if refused == 2 {
+                break;
+            }
+        }
+    }
+    assert_eq!(refused, 2, "pod 0 was not chosen twice");
+    // A few sync rounds (every 50 ms) for the peer to read past them.
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(replicas[0].stat("wasmcustom.kvroute.prefix.forgotten") >= 2.0);
+    // The other replica learnt the decisions and was served no forget entry
+    // (its intake counts one as dropped).
+    assert!(replicas[1].stat("wasmcustom.kvroute.peer.learned") >= 2.0);
+    assert_eq!(replicas[1].stat("wasmcustom.kvroute.peer.dropped"), 0.0);
+    assert_eq!(replicas[1].stat("wasmcustom.kvroute.peer.malformed"), 0.0);
 }
 
 /// Sends one new conversation per (prefix, replica) of `wave` at once;
