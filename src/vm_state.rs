@@ -357,10 +357,7 @@ impl VmState {
                 at_ms: now_ms,
                 blocks: learned,
             };
-            log_seq = self.store.append_log(&mut entry, head);
-            if let Some(seq) = log_seq {
-                self.own_seqs.insert(seq);
-            }
+            log_seq = self.append_own(&mut entry, head);
             // The same record every other worker makes of this decision.
             if Deferred::can_wait(&entry.blocks) {
                 self.learn(endpoint, entry.blocks, now_ms);
@@ -470,18 +467,28 @@ impl VmState {
         if !self.router.contains(served_by) {
             return;
         }
-        let Some(mut entry) = routed.log_seq.and_then(|seq| self.store.read_entry(seq)) else {
+        let Some(mut entry) = self.own_entry(routed) else {
             return;
         };
-        if entry.endpoint != routed.endpoint || entry.from_peer || entry.forget {
-            return; // not this request's entry
-        }
         entry.endpoint = served_by;
         entry.at_ms = now_ms;
-        if let Some(seq) = self.store.append_log(&mut entry, None) {
-            self.own_seqs.insert(seq);
-        }
+        self.append_own(&mut entry, None);
         self.learn(served_by, entry.blocks, now_ms);
+    }
+
+    /// `routed`'s decision-log entry read back, if the ring still holds it.
+    fn own_entry(&self, routed: &Routed) -> Option<LogEntry> {
+        let entry = self.store.read_entry(routed.log_seq?)?;
+        // Not this request's entry otherwise.
+        (entry.endpoint == routed.endpoint && !entry.from_peer && !entry.forget).then_some(entry)
+    }
+
+    /// Appends this VM's own entry (after `head`, the log head as last
+    /// read, if any): other workers replay it, this one skips it.
+    fn append_own(&mut self, entry: &mut LogEntry, head: Option<Snapshot<u64>>) -> Option<u64> {
+        let seq = self.store.append_log(entry, head)?;
+        self.own_seqs.insert(seq);
+        Some(seq)
     }
 
     /// The chosen endpoint did not answer `routed` with a 2xx: it refused it
@@ -493,12 +500,9 @@ impl VmState {
     /// placed like a new prompt instead of going back by prefix. Nothing is
     /// unlearnt when the entry left the ring meanwhile.
     pub fn refused(&mut self, routed: &Routed, now_ms: u64) {
-        let Some(mut entry) = routed.log_seq.and_then(|seq| self.store.read_entry(seq)) else {
+        let Some(mut entry) = self.own_entry(routed) else {
             return;
         };
-        if entry.endpoint != routed.endpoint || entry.from_peer || entry.forget {
-            return; // not this request's entry
-        }
         entry
             .blocks
             .drain(..routed.matched_blocks.min(entry.blocks.len()));
@@ -507,9 +511,7 @@ impl VmState {
         }
         entry.forget = true;
         entry.at_ms = now_ms;
-        if let Some(seq) = self.store.append_log(&mut entry, None) {
-            self.own_seqs.insert(seq);
-        }
+        self.append_own(&mut entry, None);
         self.unlearn(entry.endpoint, &entry.blocks);
         self.stats.inc(Counter::PrefixForgotten);
     }
