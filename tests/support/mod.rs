@@ -259,6 +259,36 @@ impl Sim {
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "kill -{signal} {}", self.child.id());
+        if signal == "STOP" {
+            // kill(2) returns once the signal is queued; wait until every
+            // thread has stopped, so nothing sent after this returns can be
+            // answered by a thread still finishing its time slice.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let states = self.thread_states();
+                if !states.is_empty() && states.iter().all(|s| *s == 'T' || *s == 't') {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "pod process {} not stopped 5 s after SIGSTOP: thread states {states:?}",
+                    self.child.id()
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// The scheduler state (`R`, `S`, `T`, ...) of each of the process's
+    /// threads, from `/proc/<pid>/task/*/stat`.
+    fn thread_states(&self) -> Vec<char> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else {
+            return Vec::new();
+        };
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+            .filter_map(|stat| stat.rsplit_once(") ")?.1.chars().next())
+            .collect()
     }
 
     /// `127.0.0.1:<port of pod i>`.
