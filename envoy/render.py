@@ -103,6 +103,16 @@ def render(args) -> str:
     failover = plugin.get("failover") or {}
     first_byte_ms = 0 if baseline else int(failover.get("first_byte_timeout_ms", 60_000))
     response_ms = 0 if baseline else int(failover.get("response_timeout_ms", 0))
+    # Answers of the chosen endpoint that Envoy retries on a fallback
+    # (override_host only: ORIGINAL_DST would retry the same host). The
+    # filter validates the plugin config too; this keeps a bad list from
+    # becoming an Envoy config error with no field name.
+    retry_statuses = [] if baseline else failover.get("retry_statuses", [429, 503])
+    if not (isinstance(retry_statuses, list)
+            and all(isinstance(c, int) and not isinstance(c, bool) and 400 <= c <= 599 for c in retry_statuses)):
+        sys.exit(f"render.py: failover.retry_statuses must be a list of 4xx/5xx statuses, got {retry_statuses!r}")
+    if handoff == "original_dst":
+        retry_statuses = []
     max_body = int(plugin.get("max_body_bytes", 8 * 1024 * 1024))
     listen_host, listen_port = args.listen
     admin_host, admin_port = args.admin
@@ -122,7 +132,10 @@ def render(args) -> str:
         "buffer_limit_bytes": args.buffer_limit or 2 * max_body + 64 * 1024,
         "route_idle_timeout": args.idle_timeout,
         "retry_on": ",".join(["connect-failure", "refused-stream", "reset-before-request"]
-                             + (["reset"] if not baseline and failover.get("retry_before_response", True) else [])),
+                             + (["reset"] if not baseline and failover.get("retry_before_response", True) else [])
+                             + (["retriable-status-codes"] if retry_statuses else [])),
+        "retriable_status_codes": (f"      retriable_status_codes: [ {', '.join(map(str, retry_statuses))} ]\n"
+                                   if retry_statuses else ""),
     }
     filters = [] if baseline else [fragment("filter_kvroute.yaml.tmpl", dict(values, root_id="kvroute"))]
     filters.append(fragment("filter_router.yaml.tmpl", values))

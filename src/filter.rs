@@ -372,12 +372,6 @@ impl HttpContext for RequestFilter {
                 .and_then(|s| s.parse::<u16>().ok());
             let endpoint = r.endpoint;
             self.answer_ok = status.is_some_and(|s| (200..300).contains(&s));
-            if let Some(status) = status {
-                // The clock is read only when passive health has news.
-                self.state
-                    .borrow_mut()
-                    .observe_response(endpoint, status, || now_ms(self));
-            }
             let upstream = self.property_text(&["upstream", "address"]);
             let said = if needs_code_details(status, upstream.as_deref(), endpoint) {
                 let details = self.property_text(&["response", "code_details"]);
@@ -389,6 +383,15 @@ impl HttpContext for RequestFilter {
             } else {
                 Verdict::Answered
             };
+            if let Some(status) = status {
+                // Passive health hears the status from the endpoint that
+                // sent it: a fallback's answer says nothing of the chosen
+                // one (which refused, failed or never answered). The clock
+                // is read only when passive health has news.
+                self.state
+                    .borrow_mut()
+                    .observe_response(said.sender(endpoint), status, || now_ms(self));
+            }
             if let Verdict::NotAnswered | Verdict::Fallback(_) = said {
                 self.chosen_answered = false;
                 self.state.borrow_mut().not_answered(endpoint);

@@ -710,3 +710,93 @@ fn a_prompt_a_pod_refused_is_not_sent_back_there_by_its_prefix() {
     );
     assert!(envoy.stat("wasmcustom.kvroute.prefix.forgotten") >= 3.0);
 }
+
+#[test]
+fn an_overloaded_pod_s_refusals_are_retried_on_another_pod() {
+    // An engine that refuses work while overloaded (TGI past
+    // --max-concurrent-requests: 429; others: 503) answers at once, before
+    // any byte of a generation: Envoy retries it on the next-best endpoint
+    // (failover.retry_statuses), so the client never sees the refusal.
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    for status in [429, 503] {
+        let envoy = Envoy::start(&sim.endpoints(), config(json!({})), 2);
+        warm_up(&envoy);
+        let tried = sim.state(0)["requests_failed"].as_u64().unwrap_or(0);
+        sim.fault(0, json!({"error_rate": 1.0, "error_status": status}));
+        let out = load(envoy.port, 3, 2, Duration::from_millis(1500), |_| {});
+        sim.fault(0, json!({"error_rate": 0.0}));
+        let refused = sim.state(0)["requests_failed"].as_u64().unwrap_or(0) - tried;
+        let chosen = out.iter().filter(|o| o.chosen == sim.endpoint(0)).count();
+        println!(
+            "pod answering {status}: {} requests, {chosen} chosen it, {refused} refused there",
+            out.len()
+        );
+        // The refusals happened (kvroute chose the refusing pod), and every
+        // one was answered by another pod.
+        assert!(
+            refused > 0 && chosen > 0,
+            "the refusing pod was never tried"
+        );
+        for o in &out {
+            assert_eq!(o.status, 200, "{o:?}");
+            assert!(!o.truncated, "{o:?}");
+        }
+        // A refusal retried elsewhere takes the pod out until its next
+        // scrape: it is not sent most of the traffic.
+        assert!(chosen * 3 < out.len(), "{chosen} of {}", out.len());
+    }
+    // Without the retry the client gets the refusal.
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        config(json!({"failover": {"retry_statuses": []}})),
+        2,
+    );
+    warm_up(&envoy);
+    sim.fault(0, json!({"error_rate": 1.0, "error_status": 429}));
+    let out: Vec<Outcome> = (0..30)
+        .map(|_| send(envoy.port, false, 2, Instant::now()))
+        .collect();
+    assert!(out.iter().any(|o| o.status == 429), "{out:?}");
+}
+
+#[test]
+fn passive_health_blames_the_pod_that_sent_the_error_not_the_one_that_refused() {
+    // Pod 0 refuses everything with 429 (retried on a fallback), pod 1
+    // answers everything 500 (not retried). A request sent to pod 0 gets
+    // pod 1's 500: that 500 is pod 1's, and pod 0 must not be ejected for
+    // it (before, every status counted against the chosen endpoint: pod 0
+    // was ejected for pod 1's errors, and a fallback's 200 cleared a
+    // chosen endpoint's streak).
+    let sim = Sim::start(2, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        config(json!({"outlier_detection": {"max_ejection_percent": 100}})),
+        2,
+    );
+    warm_up(&envoy);
+    sim.fault(0, json!({"error_rate": 1.0, "error_status": 429}));
+    sim.fault(1, json!({"error_rate": 1.0, "error_status": 500}));
+    let out: Vec<Outcome> = (0..24)
+        .map(|_| send(envoy.port, false, 2, Instant::now()))
+        .collect();
+    let ejections = |i: usize| {
+        let label = sim.endpoint(i).replace(['.', ':'], "_");
+        envoy.stat(&format!("wasmcustom.kvroute.endpoint.{label}.ejections"))
+    };
+    let chose_0 = out.iter().filter(|o| o.chosen == sim.endpoint(0)).count();
+    println!(
+        "{chose_0} of {} sent to the refusing pod; ejections: refusing {}, failing {}",
+        out.len(),
+        ejections(0),
+        ejections(1)
+    );
+    assert!(chose_0 > 0, "the refusing pod was never chosen");
+    // Every answer the clients got was pod 1's 500.
+    assert!(out.iter().all(|o| o.status == 500), "{out:?}");
+    assert!(ejections(1) >= 1.0, "the failing pod was never ejected");
+    assert_eq!(
+        ejections(0),
+        0.0,
+        "the refusing pod was blamed for another's 500s"
+    );
+}

@@ -40,6 +40,17 @@ pub enum Verdict {
     Unknown,
 }
 
+impl Verdict {
+    /// The endpoint whose answer (or Envoy's reply for it) the client got:
+    /// the fallback that answered, else the chosen endpoint.
+    pub fn sender(self, chosen: Endpoint) -> Endpoint {
+        match self {
+            Verdict::Fallback(e) => e,
+            Verdict::Answered | Verdict::NotAnswered | Verdict::Unknown => chosen,
+        }
+    }
+}
+
 /// Whether `response.code_details` can change anything for a response of
 /// HTTP `status` whose last try went to `upstream_address` (each property
 /// read costs the host several microseconds, so the common case reads only
@@ -157,11 +168,14 @@ mod tests {
             ("", None, Verdict::Unknown),
         ];
         for (details, upstream, want) in cases {
-            assert_eq!(
-                verdict(details, upstream, chosen),
-                want,
-                "{details} {upstream:?}"
-            );
+            let got = verdict(details, upstream, chosen);
+            assert_eq!(got, want, "{details} {upstream:?}");
+            // Passive health blames the endpoint that sent the answer.
+            let sender = match want {
+                Verdict::Fallback(e) => e,
+                _ => chosen,
+            };
+            assert_eq!(got.sender(chosen), sender);
         }
     }
 }

@@ -549,7 +549,17 @@ pub struct FailoverConfig {
     /// whose connection was reset, or timed out, before any response byte
     /// (`retry_on: reset`), not only connect failures.
     pub retry_before_response: bool,
+    /// With `override_host`: statuses the chosen endpoint may answer that
+    /// Envoy retries on the fallbacks (route `retriable_status_codes`):
+    /// an engine that refuses work while overloaded (429, 503) sends the
+    /// client's request to the next-best endpoint instead of back to the
+    /// client. Such a refusal comes before any byte of the answer and costs
+    /// no generation. Empty: none.
+    pub retry_statuses: Vec<u16>,
 }
+
+/// Most statuses `failover.retry_statuses` may list.
+pub const MAX_RETRY_STATUSES: usize = 16;
 
 impl Default for FailoverConfig {
     fn default() -> Self {
@@ -559,6 +569,7 @@ impl Default for FailoverConfig {
             response_timeout_ms: 0,
             eject_unanswered: true,
             retry_before_response: true,
+            retry_statuses: vec![429, 503],
         }
     }
 }
@@ -1018,6 +1029,25 @@ impl Config {
                 return Err(err(field, v, "must be 0 (none) or 100..=3600000"));
             }
         }
+        if f.retry_statuses.len() > MAX_RETRY_STATUSES {
+            return Err(err(
+                "failover.retry_statuses",
+                format!("{:?}", f.retry_statuses),
+                &format!("must list at most {MAX_RETRY_STATUSES} statuses"),
+            ));
+        }
+        if let Some((i, s)) = f
+            .retry_statuses
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(400..=599).contains(*s))
+        {
+            return Err(err(
+                &format!("failover.retry_statuses[{i}]"),
+                s,
+                "must be a 4xx or 5xx status (400..=599)",
+            ));
+        }
         Ok(())
     }
 }
@@ -1213,6 +1243,18 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"failover":{"response_timeout_ms":5}}"#,
                 "failover.response_timeout_ms",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"failover":{"retry_statuses":[429,200]}}"#,
+                "failover.retry_statuses[1]",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"failover":{"retry_statuses":[429,70000]}}"#,
+                "failover.retry_statuses[1]",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"failover":{"retry_statuses":[429,429,429,429,429,429,429,429,429,429,429,429,429,429,429,429,429]}}"#,
+                "failover.retry_statuses",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"failover":{"retry":true}}"#,

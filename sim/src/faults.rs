@@ -13,13 +13,18 @@ use serde::{Deserialize, Serialize};
 pub const PHANTOM_REQUEST_SECS: f64 = 0.025;
 
 /// The fault state of a pod. All zero/false means healthy.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Faults {
     /// Wall milliseconds added before each inference request is queued (so before its
     /// first token).
     pub extra_latency_ms: u64,
-    /// Fraction (0..=1) of inference requests answered with HTTP 500.
+    /// Fraction (0..=1) of inference requests answered with HTTP
+    /// `error_status` at once, unqueued.
     pub error_rate: f64,
+    /// The status of those answers: 500 (the default, a broken engine), or
+    /// e.g. 429 or 503 (an engine that refuses work while overloaded, as
+    /// TGI does past `--max-concurrent-requests`).
+    pub error_status: u16,
     /// Wall milliseconds each `/metrics` response is delayed.
     pub metrics_delay_ms: u64,
     /// Whether `/metrics` returns junk instead of Prometheus text.
@@ -29,6 +34,20 @@ pub struct Faults {
     /// Phantom requests: reported as waiting in the metrics and delaying each new
     /// inference request by `queue_inflate x PHANTOM_REQUEST_SECS` simulated seconds.
     pub queue_inflate: u64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            extra_latency_ms: 0,
+            error_rate: 0.0,
+            error_status: 500,
+            metrics_delay_ms: 0,
+            metrics_garbage: false,
+            metrics_error: false,
+            queue_inflate: 0,
+        }
+    }
 }
 
 impl Faults {
@@ -47,6 +66,8 @@ pub struct FaultUpdate {
     pub extra_latency_ms: Option<u64>,
     /// See [`Faults::error_rate`]; must be within 0..=1.
     pub error_rate: Option<f64>,
+    /// See [`Faults::error_status`]; must be within 400..=599.
+    pub error_status: Option<u16>,
     /// See [`Faults::metrics_delay_ms`].
     pub metrics_delay_ms: Option<u64>,
     /// See [`Faults::metrics_garbage`].
@@ -77,6 +98,11 @@ impl FaultUpdate {
                 return Err(format!("error_rate must be within 0..1, got {r}"));
             }
         }
+        if let Some(s) = u.error_status {
+            if !(400..=599).contains(&s) {
+                return Err(format!("error_status must be within 400..=599, got {s}"));
+            }
+        }
         Ok(u)
     }
 
@@ -87,6 +113,9 @@ impl FaultUpdate {
         }
         if let Some(v) = self.error_rate {
             f.error_rate = v;
+        }
+        if let Some(v) = self.error_status {
+            f.error_status = v;
         }
         if let Some(v) = self.metrics_delay_ms {
             f.metrics_delay_ms = v;
@@ -116,7 +145,7 @@ mod tests {
     #[test]
     fn partial_updates() {
         let mut f = Faults::default();
-        FaultUpdate::parse(br#"{"error_rate":0.5,"queue_inflate":3}"#)
+        FaultUpdate::parse(br#"{"error_rate":0.5,"error_status":429,"queue_inflate":3}"#)
             .unwrap()
             .apply(&mut f);
         FaultUpdate::parse(br#"{"metrics_garbage":true,"metrics_error":true}"#)
@@ -124,6 +153,7 @@ mod tests {
             .apply(&mut f);
         assert!(f.metrics_error);
         assert_eq!(f.error_rate, 0.5);
+        assert_eq!(f.error_status, 429);
         assert_eq!(f.queue_inflate, 3);
         assert!(f.metrics_garbage);
         assert!(f.any());
@@ -136,5 +166,7 @@ mod tests {
         assert!(FaultUpdate::parse(br#"{"eror_rate":0.1}"#).is_err());
         assert!(FaultUpdate::parse(b"not json").is_err());
         assert!(FaultUpdate::parse(br#"{"down_ms":-1}"#).is_err());
+        assert!(FaultUpdate::parse(br#"{"error_status":200}"#).is_err());
+        assert!(FaultUpdate::parse(br#"{"error_status":600}"#).is_err());
     }
 }

@@ -26,8 +26,8 @@ use crate::synthetic_output::{pick_pieces, piece_tokens};
 /// Why an inference request was not run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InferError {
-    /// The `error_rate` fault fired.
-    Injected,
+    /// The `error_rate` fault fired: answer this status (`error_status`).
+    Injected(u16),
     /// The request can never fit (too long) or is empty.
     Rejected(SubmitError),
     /// With `--lora-adapters`: the model is neither the pod's nor one of its adapters.
@@ -171,7 +171,7 @@ pub struct PodState {
     pub up: bool,
     /// Inference requests answered successfully.
     pub requests_served: u64,
-    /// Inference requests answered 500 by the `error_rate` fault.
+    /// Inference requests answered `error_status` by the `error_rate` fault.
     pub requests_failed: u64,
     /// `GET /metrics` requests received (garbage or delayed ones included).
     pub metrics_requests: u64,
@@ -285,12 +285,12 @@ impl Pod {
         let (fail, extra_ms, phantoms) = {
             let mut f = lock(&self.faults);
             let rate = f.faults.error_rate;
-            let fail = rate > 0.0 && f.rng.f64() < rate;
+            let fail = (rate > 0.0 && f.rng.f64() < rate).then_some(f.faults.error_status);
             (fail, f.faults.extra_latency_ms, f.faults.queue_inflate)
         };
-        if fail {
+        if let Some(status) = fail {
             self.failed.fetch_add(1, Ordering::Relaxed);
-            return Err(InferError::Injected);
+            return Err(InferError::Injected(status));
         }
         let prompt_len = req.prompt_tokens.len();
         self.sched_cfg

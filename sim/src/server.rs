@@ -188,12 +188,19 @@ async fn infer(pod: Arc<Pod>, req: InferenceRequest) -> Response {
     let max_tokens = req.max_tokens;
     let gen = match pod.infer(req).await {
         Ok(g) => g,
-        Err(InferError::Injected) => {
+        Err(InferError::Injected(status)) => {
+            let status =
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let kind = if status == StatusCode::TOO_MANY_REQUESTS {
+                "rate_limit_exceeded"
+            } else {
+                "server_error"
+            };
             return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
+                status,
                 "kvroute-sim: injected failure (error_rate fault)",
-                "server_error",
-            )
+                kind,
+            );
         }
         Err(InferError::UnknownModel(m)) => {
             // vLLM's answer for a model it does not serve.

@@ -36,7 +36,14 @@ fn error_rate_latency_and_metrics_faults() {
     assert_eq!(r.pod.as_deref(), Some("0"));
     assert!(r.json()["error"]["message"].is_string());
 
-    post(&s.url(0, "/sim/fault"), r#"{"error_rate":0.5}"#);
+    post(&s.url(0, "/sim/fault"), r#"{"error_status":429}"#);
+    let r = infer();
+    assert_eq!(r.status, 429);
+    assert_eq!(r.json()["error"]["type"], "rate_limit_exceeded");
+    post(
+        &s.url(0, "/sim/fault"),
+        r#"{"error_rate":0.5,"error_status":500}"#,
+    );
     let fails = (0..40).filter(|_| infer().status == 500).count();
     assert!((5..=35).contains(&fails), "{fails} of 40 failed");
 
@@ -80,7 +87,12 @@ fn error_rate_latency_and_metrics_faults() {
     assert_eq!(infer().status, 200);
     assert!(get(&s.url(0, "/metrics")).body.contains("# TYPE vllm:"));
 
-    for bad in [r#"{"error_rate":1.5}"#, r#"{"typo":1}"#, "nope"] {
+    for bad in [
+        r#"{"error_rate":1.5}"#,
+        r#"{"error_status":302}"#,
+        r#"{"typo":1}"#,
+        "nope",
+    ] {
         let r = post(&s.url(0, "/sim/fault"), bad);
         assert_eq!(r.status, 400, "{bad}");
         assert_eq!(r.json()["error"]["type"], "invalid_request_error");

@@ -99,14 +99,24 @@ def _istio_route(http):
     if headers:
         match["headers"] = [{"name": k, "string_match": v} for k, v in headers.items()]
     retries = http["retries"]
+    # Istio's retry.ConvertPolicy: parts of retryOn that are HTTP status
+    # codes become retriable_status_codes, and retriable-status-codes joins
+    # retry_on.
+    parts = [p.strip() for p in retries["retryOn"].split(",") if p.strip()]
+    codes = [int(p) for p in parts if p.isdigit()]
+    retry_on = [p for p in parts if not p.isdigit()]
+    if codes and "retriable-status-codes" not in retry_on:
+        retry_on.append("retriable-status-codes")
     retry = {
-        "retry_on": retries["retryOn"],
+        "retry_on": ",".join(retry_on),
         "num_retries": retries["attempts"],
         "retry_host_predicate": [{
             "name": "envoy.retry_host_predicates.previous_hosts",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
         "host_selection_retry_max_attempts": 5,
     }
+    if codes:
+        retry["retriable_status_codes"] = codes
     if "perTryTimeout" in retries:
         retry["per_try_timeout"] = retries["perTryTimeout"]
     route = {

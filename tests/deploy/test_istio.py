@@ -176,7 +176,11 @@ def test_buffers_hold_max_body_bytes_and_streams_have_no_deadline():
     for http in vs["spec"]["http"]:
         assert http["name"] in patched, http["name"]
         assert http["timeout"] == "0s"
-        assert "connect-failure" in http["retries"]["retryOn"]
+        retry_on = http["retries"]["retryOn"].split(",")
+        assert "connect-failure" in retry_on
+        # The refusals kvroute's failover.retry_statuses lists by default
+        # (Istio turns status codes in retryOn into retriable_status_codes).
+        assert {"429", "503"} <= set(retry_on)
         # kvroute's stream marker never leaves the gateway.
         assert "x-kvroute-stream" in http["headers"]["request"]["remove"]
         dest = http["route"][0]["destination"]
