@@ -388,9 +388,12 @@ impl HttpContext for RequestFilter {
                 // sent it: a fallback's answer says nothing of the chosen
                 // one (which refused, failed or never answered). The clock
                 // is read only when passive health has news.
-                self.state
-                    .borrow_mut()
-                    .observe_response(said.sender(endpoint), status, || now_ms(self));
+                let sender = said.sender(endpoint);
+                let mut state = self.state.borrow_mut();
+                state.observe_response(sender, status, || now_ms(self));
+                if state.config().failover.retry_statuses.contains(&status) {
+                    state.refused_work(sender);
+                }
             }
             if let Verdict::NotAnswered | Verdict::Fallback(_) = said {
                 self.chosen_answered = false;

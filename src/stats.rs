@@ -62,6 +62,11 @@ pub enum Counter {
     /// Endpoints found stalled (requests without a first byte and a silent
     /// `/metrics` while others answer), counted by each VM that noticed.
     Stalled,
+    /// Answers the client got with a `failover.retry_statuses` status (an
+    /// engine refusing work while overloaded): not retried (`original_dst`)
+    /// or refused by every try. (A refusal a fallback answered counts as
+    /// `Unanswered`: the filter sees only the fallback's answer.)
+    Refused,
     /// Requests a fallback answered (2xx) after the chosen endpoint did not:
     /// the prefix index now records the prompt on that fallback.
     FallbackAnswered,
@@ -103,7 +108,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 39] = [
+const COUNTERS: [(Counter, &str); 40] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -131,6 +136,7 @@ const COUNTERS: [(Counter, &str); 39] = [
     (Counter::OutlierEjected, "kvroute.outlier.ejected"),
     (Counter::Unanswered, "kvroute.failover.unanswered"),
     (Counter::Stalled, "kvroute.failover.stalled"),
+    (Counter::Refused, "kvroute.failover.refused"),
     (
         Counter::FallbackAnswered,
         "kvroute.failover.fallback_answered",

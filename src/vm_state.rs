@@ -22,7 +22,7 @@ use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use kvroute_core::ttft::Prediction;
-use log::warn;
+use log::{debug, warn};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
@@ -527,6 +527,28 @@ impl VmState {
         if !self.config().failover.eject_unanswered {
             return;
         }
+        if self.set_aside(endpoint) {
+            warn!("kvroute: endpoint {endpoint} did not answer a request: out of the candidate set until a scrape answers");
+        }
+    }
+
+    /// The endpoint refused a request with a `failover.retry_statuses`
+    /// status (an engine refusing work while overloaded): it leaves the
+    /// candidate set for every worker until one of its scrapes answers. Its
+    /// refusals finish at once, so to the load scores it looks idle; without
+    /// this it kept drawing its share of the traffic and refusing it
+    /// (`original_dst` cannot retry elsewhere).
+    pub fn refused_work(&mut self, endpoint: Endpoint) {
+        self.stats.inc(Counter::Refused);
+        if self.set_aside(endpoint) {
+            // Every scrape period while it refuses: not a warning each time.
+            debug!("kvroute: endpoint {endpoint} refused a request: out of the candidate set until a scrape answers");
+        }
+    }
+
+    /// Takes `endpoint` out of the candidate set (every worker) until one
+    /// of its scrapes answers; true if it was in.
+    fn set_aside(&mut self, endpoint: Endpoint) -> bool {
         let pool = self.router.pool().to_vec();
         let threshold = self.config().metrics.unhealthy_after_failures;
         let mut changed = false;
@@ -537,8 +559,8 @@ impl VmState {
         if changed {
             self.stats
                 .endpoint_gauge(endpoint, EndpointGauge::Healthy, 0);
-            warn!("kvroute: endpoint {endpoint} did not answer a request: out of the candidate set until a scrape answers");
         }
+        changed
     }
 
     /// The endpoint answered with HTTP `status` (or Envoy answered for it,

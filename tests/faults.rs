@@ -800,3 +800,38 @@ fn passive_health_blames_the_pod_that_sent_the_error_not_the_one_that_refused() 
         "the refusing pod was blamed for another's 500s"
     );
 }
+
+#[test]
+fn an_overloaded_pod_is_not_a_black_hole_with_original_dst() {
+    // ORIGINAL_DST cannot retry elsewhere, so a refusal reaches the client.
+    // A pod that refuses at once finishes its requests at once: to load
+    // scores it looks idle. It must still not draw the traffic: after each
+    // refusal it is out until its next scrape answers.
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        config(json!({"handoff": "original_dst"})),
+        2,
+    );
+    warm_up(&envoy);
+    sim.fault(0, json!({"error_rate": 1.0, "error_status": 429}));
+    let out = load(envoy.port, 3, 2, Duration::from_millis(1500), |_| {});
+    let refused = out.iter().filter(|o| o.status == 429).count();
+    let chosen = out.iter().filter(|o| o.chosen == sim.endpoint(0)).count();
+    println!(
+        "original_dst, pod answering 429: {} requests, {chosen} chosen it, {refused} got 429",
+        out.len()
+    );
+    assert!(chosen > 0, "the refusing pod was never tried");
+    assert_eq!(refused, chosen, "only requests sent there are refused");
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.failover.refused"),
+        refused as f64
+    );
+    assert!(
+        out.iter().all(|o| o.status == 200 || o.status == 429),
+        "{out:?}"
+    );
+    // A third of the pool; without the exclusion it drew most requests.
+    assert!(chosen * 10 < out.len(), "{chosen} of {}", out.len());
+}
