@@ -51,6 +51,11 @@ pub struct FleetArgs {
     /// Seed of the simulator (answers).
     #[arg(long, default_value_t = 0)]
     pub sim_seed: u64,
+    /// A mixed fleet: relative speed of each simulated pod, pod 0 first (pods past the
+    /// list run at 1), e.g. `1,1,1,0.5` (passed to `kvroute-sim --pod-speeds`). The
+    /// `saturation` rate is still derived for pods of speed 1.
+    #[arg(long, value_delimiter = ',')]
+    pub pod_speeds: Vec<f64>,
     /// Closed loop: concurrent users.
     #[arg(long, default_value_t = 32)]
     pub users: usize,
@@ -161,7 +166,12 @@ impl FleetArgs {
                 max_num_seqs: self.max_num_seqs,
                 time_scale,
                 seed: self.sim_seed,
-                extra_args: Vec::new(),
+                extra_args: if self.pod_speeds.is_empty() {
+                    Vec::new()
+                } else {
+                    let speeds: Vec<String> = self.pod_speeds.iter().map(f64::to_string).collect();
+                    vec!["--pod-speeds".into(), speeds.join(",")]
+                },
             },
             run: RunSettings {
                 users: self.users,

@@ -92,6 +92,11 @@ pub struct Cli {
     /// Latency model: KV read cost per context token per decoding sequence, in nanoseconds.
     #[arg(long, default_value_t = 40.0)]
     pub kv_read_per_token_ns: f64,
+    /// Relative speed of each pod (comma-separated, pod 0 first; pods past the list run at
+    /// 1): pod i's step times are the latency model's divided by its speed. A mixed fleet,
+    /// e.g. `1,1,1,0.5`: the last pod is a GPU half as fast.
+    #[arg(long, value_delimiter = ',')]
+    pub pod_speeds: Vec<f64>,
 }
 
 /// The simulator's configuration.
@@ -133,6 +138,20 @@ pub struct SimConfig {
     pub max_loras: usize,
     /// Simulated seconds to load an adapter.
     pub lora_load_s: f64,
+    /// Relative speed per pod (pods past the list: 1).
+    pub pod_speeds: Vec<f64>,
+}
+
+impl SimConfig {
+    /// Pod `index`'s step-time model: the fleet's, divided by its speed.
+    pub fn latency_of(&self, index: usize) -> LatencyModel {
+        let speed = self.pod_speeds.get(index).copied().unwrap_or(1.0);
+        LatencyModel {
+            step_overhead_s: self.latency.step_overhead_s / speed,
+            per_token_s: self.latency.per_token_s / speed,
+            kv_read_per_token_s: self.latency.kv_read_per_token_s / speed,
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -156,6 +175,7 @@ impl Default for SimConfig {
             lora_adapters: Vec::new(),
             max_loras: 1,
             lora_load_s: 0.1,
+            pod_speeds: Vec::new(),
         }
     }
 }
@@ -175,6 +195,20 @@ impl Cli {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{name} must be >= 0, got {v}"));
             }
+        }
+        if let Some(v) = self
+            .pod_speeds
+            .iter()
+            .find(|v| !(v.is_finite() && (0.01..=100.0).contains(*v)))
+        {
+            return Err(format!("--pod-speeds must be within 0.01..=100, got {v}"));
+        }
+        if self.pod_speeds.len() > usize::from(self.pods) {
+            return Err(format!(
+                "--pod-speeds lists {} pods, --pods is {}",
+                self.pod_speeds.len(),
+                self.pods
+            ));
         }
         if self.base_port != 0 && u32::from(self.base_port) + u32::from(self.pods) - 1 > 65535 {
             return Err("--base-port + --pods exceeds 65535".to_owned());
@@ -207,6 +241,7 @@ impl Cli {
                 .collect(),
             max_loras: usize::from(self.max_loras),
             lora_load_s: self.lora_load_ms / 1e3,
+            pod_speeds: self.pod_speeds,
         })
     }
 }
@@ -261,5 +296,22 @@ mod tests {
         .unwrap();
         assert_eq!(c.lora_adapters, ["sql", "fin"]);
         assert_eq!(c.max_loras, 2);
+    }
+
+    #[test]
+    fn pod_speeds_scale_each_pod_s_step_times() {
+        let c = Cli::parse_from(["kvroute-sim", "--pods", "3", "--pod-speeds", "1,0.5"])
+            .into_config()
+            .unwrap();
+        let (fast, slow, unlisted) = (c.latency_of(0), c.latency_of(1), c.latency_of(2));
+        assert_eq!(fast, LatencyModel::default());
+        assert_eq!(unlisted, LatencyModel::default());
+        assert_eq!(slow.per_token_s, 2.0 * fast.per_token_s);
+        assert_eq!(slow.step_overhead_s, 2.0 * fast.step_overhead_s);
+        assert_eq!(slow.kv_read_per_token_s, 2.0 * fast.kv_read_per_token_s);
+        for bad in [["--pod-speeds", "0"], ["--pod-speeds", "1,1,1,1,1"]] {
+            let args = ["kvroute-sim", "--pods", "3", bad[0], bad[1]];
+            assert!(Cli::parse_from(args).into_config().is_err(), "{args:?}");
+        }
     }
 }

@@ -212,7 +212,7 @@ impl Pod {
             sched_cfg,
             clock: SimClock::new(cfg.time_scale),
             engine: Mutex::new(EngineState {
-                sched: Scheduler::new(sched_cfg, cfg.latency),
+                sched: Scheduler::new(sched_cfg, cfg.latency_of(index)),
                 senders: FnvHashMap::default(),
                 busy_since: None,
             }),

@@ -127,3 +127,22 @@ fn client_disconnect_aborts_the_request() {
     }
     assert_eq!(aborted, 1.0);
 }
+
+#[test]
+fn a_slower_pod_takes_longer_for_the_same_work() {
+    // --pod-speeds 1,0.5: pod 1's steps take twice as long.
+    let s = TestSim::start(SimConfig {
+        pods: 2,
+        time_scale: 1.0,
+        pod_speeds: vec![1.0, 0.5],
+        ..SimConfig::default()
+    });
+    // ~4000 uncached tokens and 20 decode steps: ~300 ms on pod 0.
+    let prompt = "tokens of a long prompt ".repeat(1000);
+    let time = |pod: usize| post(&s.url(pod, "/v1/completions"), &completion(&prompt, 20)).elapsed;
+    let (fast, slow) = (time(0), time(1));
+    assert!(
+        slow.as_secs_f64() > 1.6 * fast.as_secs_f64(),
+        "fast {fast:?}, slow {slow:?}"
+    );
+}
