@@ -10,6 +10,7 @@ use crate::vm_state::VmState;
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::error_reply::ErrorReply;
 use kvroute_core::peer::wire::{plan_read, AnswerBuilder, SyncQuery};
+use kvroute_core::peer::REFUSALS_HEADER;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::cell::RefCell;
@@ -70,12 +71,20 @@ impl HttpContext for PeerServer {
         let (start, skipped) = plan_read(&query, own, head, slots);
         let max_bytes = query.max_bytes.min(peers.max_response_bytes);
         let mut answer = AnswerBuilder::new(own, skipped, &store.inflight(), max_bytes);
-        let next = store.serve_log(start, peers.max_entries_per_sync, &mut answer);
+        let next = store.serve_log(
+            start,
+            peers.max_entries_per_sync,
+            query.refusals,
+            &mut answer,
+        );
         let body = answer.finish(next);
         state.stats.inc(Counter::PeerServed);
         self.send_http_response(
             200,
-            vec![("content-type", "application/octet-stream")],
+            vec![
+                ("content-type", "application/octet-stream"),
+                (REFUSALS_HEADER, "1"),
+            ],
             Some(&body),
         );
         Action::Pause

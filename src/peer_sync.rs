@@ -84,15 +84,23 @@ pub fn ask_all(
     calls
 }
 
-/// Takes in `member`'s answer (`status`, and `body` when it was small
-/// enough to read) at `now_ms`.
-pub fn take_answer(
-    state: &mut VmState,
-    member: Endpoint,
-    status: Option<u16>,
-    body: Option<Vec<u8>>,
-    now_ms: u64,
-) {
+/// What a member sent back.
+pub struct Answer {
+    /// Its HTTP status.
+    pub status: Option<u16>,
+    /// Its body, when it was small enough to read.
+    pub body: Option<Vec<u8>>,
+    /// It carried `REFUSALS_HEADER`: ask it for refusals from now on.
+    pub offers_refusals: bool,
+}
+
+/// Takes in `member`'s answer at `now_ms`.
+pub fn take_answer(state: &mut VmState, member: Endpoint, answer: Answer, now_ms: u64) {
+    let Answer {
+        status,
+        body,
+        offers_refusals,
+    } = answer;
     if status != Some(200) {
         state.stats.inc(Counter::PeerSyncFailed);
         return;
@@ -123,6 +131,7 @@ pub fn take_answer(
         state.stats.add(Counter::PeerSkipped, answer.skipped);
         for e in intake.entries {
             state.stats.peer_lag(now_ms.saturating_sub(e.at_ms));
+            let forget = e.forget;
             // Learned now, on this replica's clock (peers' clocks differ).
             let mut learned = LogEntry {
                 at_ms: now_ms,
@@ -130,7 +139,11 @@ pub fn take_answer(
                 ..e
             };
             if state.store.append_log(&mut learned, None).is_some() {
-                state.stats.inc(Counter::PeerLearned);
+                state.stats.inc(if forget {
+                    Counter::PeerRefusals
+                } else {
+                    Counter::PeerLearned
+                });
             }
         }
         load = intake.load;
@@ -138,5 +151,6 @@ pub fn take_answer(
     let (replica, next) = (answer.replica, answer.next);
     state.store.update_peer_table(|t| {
         t.heard(member, own, replica, next, load.clone(), now_ms);
+        t.offers_refusals(member, offers_refusals);
     });
 }

@@ -17,6 +17,7 @@ use kvroute_core::endpoint::Endpoint;
 use kvroute_core::metrics::schedule::{self, ListingSchedule, ScrapeSchedule};
 use kvroute_core::metrics::scrape::{classify, ScrapeOutcome};
 use kvroute_core::models::served::{self, ListingOutcome, ServedModels};
+use kvroute_core::peer::REFUSALS_HEADER;
 use log::{debug, error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -307,12 +308,18 @@ impl KvRouteRoot {
         let status = self
             .get_http_call_response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
+        let refusals = self.get_http_call_response_header(REFUSALS_HEADER);
         // Too large an answer is never copied into the VM.
         let body = (body_size <= max).then(|| {
             self.get_http_call_response_body(0, body_size)
                 .unwrap_or_default()
         });
-        peer_sync::take_answer(&mut state, member, status, body, now_ms(self));
+        let answer = peer_sync::Answer {
+            status,
+            body,
+            offers_refusals: refusals.as_deref() == Some("1"),
+        };
+        peer_sync::take_answer(&mut state, member, answer, now_ms(self));
     }
 
     fn on_scrape(&mut self, endpoint: Endpoint, body_size: usize) {

@@ -297,11 +297,18 @@ impl SharedStore {
     }
 
     /// Adds this replica's own decisions from sequence number `start` to
-    /// `answer` (peers' decisions are never served again), up to
-    /// `max_entries` or the answer's byte budget; returns where the next
-    /// read starts. A decision larger than the whole budget, or lost to the
-    /// ring, is counted as skipped.
-    pub fn serve_log(&self, start: u64, max_entries: usize, answer: &mut AnswerBuilder) -> u64 {
+    /// `answer` (peers' decisions are never served again), and its refusals
+    /// (`forget` entries) when the asker takes them, up to `max_entries` or
+    /// the answer's byte budget; returns where the next read starts. A
+    /// decision larger than the whole budget, or lost to the ring, is
+    /// counted as skipped.
+    pub fn serve_log(
+        &self,
+        start: u64,
+        max_entries: usize,
+        refusals: bool,
+        answer: &mut AnswerBuilder,
+    ) -> u64 {
         let head = self.head();
         let mut next = start;
         while next < head && answer.len() < max_entries {
@@ -309,9 +316,11 @@ impl SharedStore {
             let value = get(&key).0;
             match value.as_deref().map(|v| (LogEntry::decode(v), v)) {
                 Some((Some(e), raw)) if e.seq == next => {
-                    // Refusals stay here (`decision_log`: older peers
-                    // would drop the whole answer).
-                    if !e.from_peer && !e.forget && !answer.push(raw) {
+                    // Refusals only to an asker that takes them
+                    // (`decision_log`: older peers would drop the whole
+                    // answer).
+                    let serve = !e.from_peer && (refusals || !e.forget);
+                    if serve && !answer.push(raw) {
                         if !answer.is_empty() {
                             break; // the rest goes in the next answer
                         }

@@ -81,6 +81,8 @@ pub enum Counter {
     PeerMalformed,
     /// Peers' decisions learned.
     PeerLearned,
+    /// Peers' refusals (`forget` entries) unlearnt.
+    PeerRefusals,
     /// Peers' decisions refused (endpoint outside the pool, no or too many blocks, echoed).
     PeerDropped,
     /// Peers' decisions their rings lost before this replica asked.
@@ -108,7 +110,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 40] = [
+const COUNTERS: [(Counter, &str); 41] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -146,6 +148,7 @@ const COUNTERS: [(Counter, &str); 40] = [
     (Counter::PeerSyncFailed, "kvroute.peer.sync_failed"),
     (Counter::PeerMalformed, "kvroute.peer.malformed"),
     (Counter::PeerLearned, "kvroute.peer.learned"),
+    (Counter::PeerRefusals, "kvroute.peer.refusals"),
     (Counter::PeerDropped, "kvroute.peer.dropped"),
     (Counter::PeerSkipped, "kvroute.peer.skipped"),
     (Counter::PeerBytes, "kvroute.peer.bytes"),

@@ -147,34 +147,77 @@ fn turns_alternating_between_replicas_stay_on_one_pod() {
 /// served to peers (a build from before such entries drops a whole sync
 /// answer with one it cannot decode), while the decisions themselves are.
 #[test]
-fn a_refusal_is_unlearnt_locally_and_never_served_to_peers() {
+fn a_refusal_on_one_replica_is_unlearnt_by_its_peers() {
+    // Pod 0 answers 500: replica 0 sends it two new conversations, which
+    // teach their prefixes there, and then un-teaches them (a forget entry).
+    // Replica 1 learnt both decisions by sync; it must unlearn them too, or
+    // a client's retry through replica 1 goes back to pod 0 by prefix.
     let sim = Sim::start(2, &[]);
-    let (replicas, _) = group(2, &sim.endpoints());
+    let (replicas, peer_ports) = group(2, &sim.endpoints());
     wait_synced(&replicas.iter().collect::<Vec<_>>(), 1);
     sim.fault(0, json!({"error_rate": 1.0}));
     let refusing = format!("endpoint={};", sim.endpoint(0));
-    let mut refused = 0;
+    let mut refused = Vec::new();
     for c in 0..12 {
-        let body = conversation_turn(MODEL, &format!("refused-{c}"), 0);
+        let tag = format!("refused-{c}");
+        let body = conversation_turn(MODEL, &tag, 0);
         let r = post_json(&replicas[0].url("/v1/chat/completions"), &body);
         let dbg = r.header(DEBUG).unwrap_or_default().to_string();
         if dbg.starts_with(&refusing) {
             assert_eq!(r.status, 500, "{dbg}");
-            refused += 1;
-            if refused == 2 {
+            refused.push(tag);
+            if refused.len() == 2 {
                 break;
             }
         }
     }
-    assert_eq!(refused, 2, "pod 0 was not chosen twice");
+    assert_eq!(refused.len(), 2, "pod 0 was not chosen twice");
     // A few sync rounds (every 50 ms) for the peer to read past them.
     std::thread::sleep(Duration::from_millis(400));
     assert!(replicas[0].stat("wasmcustom.kvroute.prefix.forgotten") >= 2.0);
-    // The other replica learnt the decisions and was served no forget entry
-    // (its intake counts one as dropped).
     assert!(replicas[1].stat("wasmcustom.kvroute.peer.learned") >= 2.0);
+    assert!(replicas[1].stat("wasmcustom.kvroute.peer.refusals") >= 2.0);
     assert_eq!(replicas[1].stat("wasmcustom.kvroute.peer.dropped"), 0.0);
     assert_eq!(replicas[1].stat("wasmcustom.kvroute.peer.malformed"), 0.0);
+    sim.fault(0, json!({"error_rate": 0.0}));
+    for tag in &refused {
+        // The retry, through the other replica: placed like a new prompt.
+        let r = post_json(
+            &replicas[1].url("/v1/chat/completions"),
+            &conversation_turn(MODEL, tag, 0),
+        );
+        assert_eq!(reason(&r).1, 0, "{tag}: {:?}", r.header(DEBUG));
+    }
+    // An asker from before refusals (no refusals=1) is never sent one: it
+    // would drop the whole answer. One that asks gets them, and every
+    // answer offers them.
+    let ask = |query: &str| {
+        let url = format!(
+            "http://127.0.0.1:{}/kvroute/peer/v1/log?since=0&max_bytes=1000000{query}",
+            peer_ports[0]
+        );
+        let r = agent().get(&url).call().expect("peer listener");
+        let offered = r
+            .headers()
+            .get("x-kvroute-peer-refusals")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = r
+            .into_body()
+            .with_config()
+            .limit(1 << 20)
+            .read_to_vec()
+            .expect("sync answer");
+        let answer = SyncAnswer::decode(&body).expect("a sync answer");
+        let forgets = answer.entries.iter().filter(|e| e.forget).count();
+        (forgets, answer.entries.len(), offered)
+    };
+    let (old_forgets, old_entries, offered) = ask("");
+    assert_eq!(old_forgets, 0);
+    assert!(old_entries >= 2, "{old_entries} decisions served");
+    assert_eq!(offered.as_deref(), Some("1"));
+    let (forgets, _, _) = ask("&refusals=1");
+    assert_eq!(forgets, 2);
 }
 
 /// Sends one new conversation per (prefix, replica) of `wave` at once;

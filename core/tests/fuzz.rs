@@ -426,7 +426,7 @@ proptest! {
         // (The in-flight table reserves up to 1024 entries whatever its count says.)
         prop_assert!(peak <= 4 * mutated.len() + 72 * 1024, "{} bytes for {}", peak, mutated.len());
         drop(decoded);
-        let path = SyncQuery { replica: Some(replica), since: 3, max_bytes: 4096 }.to_path();
+        let path = SyncQuery { replica: Some(replica), since: 3, max_bytes: 4096, refusals: true }.to_path();
         let _ = SyncQuery::from_path(&String::from_utf8_lossy(&mutate(path.as_bytes(), &edits)));
     }
 

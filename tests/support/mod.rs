@@ -85,7 +85,8 @@ impl Reply {
     }
 }
 
-fn agent() -> ureq::Agent {
+/// The tests' HTTP client: statuses are not errors, 60 s timeout.
+pub fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))

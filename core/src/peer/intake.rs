@@ -1,9 +1,10 @@
 //! What a replica takes from a peer's answer: only decisions a request of
-//! its own could have produced. Entries naming an endpoint outside the pool,
-//! claiming to be learned from a peer (a replica serves only its own),
-//! unlearning a refusal (never served: see `shared::decision_log`), with
-//! no blocks or more than a prompt can have are dropped (counted by the
-//! caller). The peer's in-flight work is kept for pool endpoints only.
+//! its own could have produced, and refusals of them (`forget` entries,
+//! served only to an asker that asks: `wire`). Entries naming an endpoint
+//! outside the pool, claiming to be learned from a peer (a replica serves
+//! only its own), with no blocks or more than a prompt can have are
+//! dropped (counted by the caller). The peer's in-flight work is kept for
+//! pool endpoints only.
 
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlightTable;
@@ -33,7 +34,6 @@ pub fn accept(
     for e in entries {
         let ok = pool.contains(&e.endpoint)
             && !e.from_peer
-            && !e.forget
             && !e.blocks.is_empty()
             && e.blocks.len() <= max_blocks;
         if ok {
@@ -83,8 +83,12 @@ mod tests {
             entry("10.0.0.2:8000", 9, false), // more blocks than a prompt has
             entry("10.0.0.2:8000", 8, false), // kept
             LogEntry {
-                forget: true, // a refusal: never served, never taken
+                forget: true, // a refusal: kept
                 ..entry("10.0.0.2:8000", 3, false)
+            },
+            LogEntry {
+                forget: true, // a refusal of a foreign host's
+                ..entry("10.0.0.9:8000", 3, false)
             },
         ];
         let mut inflight = InFlightTable::new();
@@ -97,7 +101,8 @@ mod tests {
             .iter()
             .map(|e| (e.endpoint, e.blocks.len()))
             .collect();
-        assert_eq!(kept, vec![(pool[0], 3), (pool[1], 8)]);
+        assert_eq!(kept, vec![(pool[0], 3), (pool[1], 8), (pool[1], 3)]);
+        assert!(got.entries[2].forget);
         assert_eq!(got.load, vec![(pool[1], 1, 50)]);
     }
 }

@@ -8,7 +8,9 @@
 //! health). What a replica learns goes into its own decision log marked
 //! `from_peer`, so all its workers learn it and it is never served again
 //! (no echo, no loops). Refusals (the decision log's `forget` entries)
-//! are not served: a build from before them drops the whole answer.
+//! travel the same way, but only to an asker that asks for them, and an
+//! asker asks only a peer that offers them ([`REFUSALS_HEADER`]): a build
+//! from before them refuses the query and drops the whole answer.
 //!
 //! ```text
 //!  replica A (lease VM, every sync_interval_ms)           replica B (any worker VM, peer listener)
@@ -41,6 +43,10 @@ pub mod wire;
 
 /// Path of the sync endpoint on the peer listener.
 pub const SYNC_PATH: &str = "/kvroute/peer/v1/log";
+
+/// Response header of a sync answer (value `1`) by a replica that serves
+/// refusals to an asker that asks (`refusals=1`, `wire`).
+pub const REFUSALS_HEADER: &str = "x-kvroute-peer-refusals";
 
 /// A replica id as written on the wire (16 lowercase hex digits).
 pub fn format_replica(id: u64) -> String {

@@ -24,6 +24,10 @@ pub struct PeerState {
     pub is_self: bool,
     /// Its in-flight work: (endpoint, requests, tokens).
     pub load: Vec<(Endpoint, u32, u64)>,
+    /// Its last answer said it serves refusals (`forget` entries) to an
+    /// asker that asks for them (`wire`).
+    #[serde(default)]
+    pub refusals: bool,
 }
 
 /// Every peer, in member order.
@@ -84,6 +88,14 @@ impl PeerTable {
             replica: p.and_then(|p| p.replica),
             since: p.map_or(0, |p| p.next),
             max_bytes,
+            refusals: p.is_some_and(|p| p.refusals),
+        }
+    }
+
+    /// Whether `member`'s last answer offered refusals.
+    pub fn offers_refusals(&mut self, member: Endpoint, offered: bool) {
+        if let Some(p) = self.peers.iter_mut().find(|p| p.member == Some(member)) {
+            p.refusals = offered;
         }
     }
 
@@ -184,7 +196,8 @@ mod tests {
             SyncQuery {
                 replica: Some(7),
                 since: 40,
-                max_bytes: 10
+                max_bytes: 10,
+                refusals: false,
             }
         );
         assert_eq!(
@@ -192,9 +205,17 @@ mod tests {
             SyncQuery {
                 replica: None,
                 since: 0,
-                max_bytes: 10
+                max_bytes: 10,
+                refusals: false,
             }
         );
+        // Refusals are asked for only from a member that offered them.
+        t.offers_refusals(a, true);
+        assert!(t.query(a, 10).refusals);
+        assert!(!t.query(b, 10).refusals);
+        t.offers_refusals(a, false); // downgraded
+        assert!(!t.query(a, 10).refusals);
+        t.offers_refusals(a, true);
         assert!(!t.heard(c, 1, 9, 1, vec![], 100), "not a member: ignored");
         assert_eq!(PeerTable::decode(&t.encode()), Some(t));
         assert_eq!(PeerTable::decode(b"junk"), None);

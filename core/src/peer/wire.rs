@@ -1,8 +1,13 @@
 //! The sync wire: the query a replica sends a peer and the answer.
 //!
-//! Query: `GET /kvroute/peer/v1/log?replica=<hex>&since=<seq>&max_bytes=<n>`,
+//! Query: `GET /kvroute/peer/v1/log?replica=<hex>&since=<seq>&max_bytes=<n>[&refusals=1]`,
 //! `replica` being the id the asker last heard from this peer (absent the
-//! first time) and `since` the sequence number to read from.
+//! first time), `since` the sequence number to read from, and `refusals=1`
+//! asking for the decision log's `forget` entries too. An asker sends
+//! `refusals=1` only to a peer whose last answer carried the header
+//! [`super::REFUSALS_HEADER`]: a build from before refusals refuses a
+//! query with a parameter it does not know, and drops a whole answer
+//! holding an entry it cannot decode, so neither ever meets one.
 //!
 //! Answer (`application/octet-stream`, little-endian):
 //!
@@ -37,6 +42,8 @@ pub struct SyncQuery {
     pub since: u64,
     /// Largest answer the asker reads.
     pub max_bytes: usize,
+    /// Also send refusals (`forget` entries): the asker takes them.
+    pub refusals: bool,
 }
 
 impl SyncQuery {
@@ -52,6 +59,9 @@ impl SyncQuery {
             p.push_str("&replica=");
             p.push_str(&super::format_replica(r));
         }
+        if self.refusals {
+            p.push_str("&refusals=1");
+        }
         p
     }
 
@@ -62,13 +72,20 @@ impl SyncQuery {
         if p != super::SYNC_PATH {
             return None;
         }
-        let (mut replica, mut since, mut max_bytes) = (None, None, None);
+        let (mut replica, mut since, mut max_bytes, mut refusals) = (None, None, None, None);
         for pair in q.split('&').filter(|s| !s.is_empty()) {
             let (k, v) = pair.split_once('=')?;
             let slot_was_empty = match k {
                 "replica" => replica.replace(super::parse_replica(v)?).is_none(),
                 "since" => since.replace(v.parse::<u64>().ok()?).is_none(),
                 "max_bytes" => max_bytes.replace(v.parse::<usize>().ok()?).is_none(),
+                "refusals" => refusals
+                    .replace(match v {
+                        "0" => false,
+                        "1" => true,
+                        _ => return None,
+                    })
+                    .is_none(),
                 _ => return None,
             };
             if !slot_was_empty {
@@ -79,6 +96,7 @@ impl SyncQuery {
             replica,
             since: since.unwrap_or(0),
             max_bytes: max_bytes?,
+            refusals: refusals.unwrap_or(false),
         })
     }
 }
@@ -289,15 +307,22 @@ mod tests {
                 replica: None,
                 since: 0,
                 max_bytes: 4096,
+                refusals: false,
             },
             SyncQuery {
                 replica: Some(u64::MAX),
                 since: u64::MAX,
                 max_bytes: 1 << 22,
+                refusals: true,
             },
         ] {
             assert_eq!(SyncQuery::from_path(&q.to_path()), Some(q));
         }
+        // What a build from before refusals asks.
+        assert_eq!(
+            SyncQuery::from_path("/kvroute/peer/v1/log?since=3&max_bytes=9").map(|q| q.refusals),
+            Some(false)
+        );
         for bad in [
             "/kvroute/peer/v1/log",
             "/kvroute/peer/v1/logx?max_bytes=1",
@@ -307,6 +332,8 @@ mod tests {
             "/kvroute/peer/v1/log?max_bytes=1&replica=xyz",
             "/kvroute/peer/v1/log?max_bytes=1&replica=1",
             "/kvroute/peer/v1/log?max_bytes=1&evil=1",
+            "/kvroute/peer/v1/log?max_bytes=1&refusals=yes",
+            "/kvroute/peer/v1/log?max_bytes=1&refusals=1&refusals=1",
             "/kvroute/peer/v1/log?max_bytes",
         ] {
             assert_eq!(SyncQuery::from_path(bad), None, "{bad}");
@@ -319,6 +346,7 @@ mod tests {
             replica,
             since,
             max_bytes: 1,
+            refusals: false,
         };
         // (query, own id, head, slots) -> (start, skipped)
         let cases = [

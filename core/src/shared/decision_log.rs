@@ -28,10 +28,12 @@
 //! request (a non-2xx answer, or none), so it never cached the hashes its
 //! decision taught; every worker unlearns them. A build from before forget
 //! entries decodes one to `None` and skips it (it keeps the record, as
-//! before). Replicas are not sent forget entries (`peer/`): a peer answer
-//! with an undecodable entry is dropped whole by such a build, so a
-//! refusal stays with the replica that saw it, and the peers' copies of the
-//! record age out of their LRU.
+//! before). A peer answer with an undecodable entry is dropped whole by
+//! such a build, so replicas send forget entries only to a peer that asks
+//! for them, and ask only a peer that offers them (`peer/`): between two
+//! current replicas a refusal is unlearnt by both; with an older peer it
+//! stays with the replica that saw it, and the peer's copy of the record
+//! ages out of its LRU.
 //!
 //! The leaf is one more hash to record, so the format did not change with
 //! it. The block hashes themselves did (`prefix/v3`: the chain runs over
