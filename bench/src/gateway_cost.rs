@@ -210,6 +210,7 @@ pub async fn kvroute_counters(admins: &[&str]) -> BTreeMap<String, u64> {
                     "prefix.forgotten",
                     "failover.unanswered",
                     "failover.fallback_answered",
+                    "failover.refused",
                 ]
                 .contains(&k)
             {
