@@ -391,7 +391,10 @@ impl HttpContext for RequestFilter {
                 let sender = said.sender(endpoint);
                 let mut state = self.state.borrow_mut();
                 state.observe_response(sender, status, || now_ms(self));
-                if state.config().failover.retry_statuses.contains(&status) {
+                // An engine's refusal, not Envoy's own reply (no upstream
+                // address, or a try that got no answer: its 503 or 504).
+                let from_engine = upstream.is_some() && said != Verdict::NotAnswered;
+                if from_engine && state.config().failover.retry_statuses.contains(&status) {
                     state.refused_work(sender);
                 }
             }
