@@ -470,3 +470,62 @@ fn a_hostile_peer_changes_nothing() {
     assert_eq!(r.pod(), Some(2), "{:?}", r.header(DEBUG));
     assert_eq!(reason(&r).0, "prefix");
 }
+
+/// A rolling upgrade: a replica of this build beside one of an older build
+/// that knows no refusals (`KVROUTE_OLD_WASM`, e.g. `66a5da5`'s
+/// kvroute.wasm), both refusing requests. They keep syncing decisions; the
+/// new one never asks the old one for refusals (the old one would refuse
+/// the query), and never sends it one (the old one would drop the whole
+/// answer). A manual check: CI does not build the older tree.
+#[test]
+#[ignore]
+fn a_replica_of_an_older_build_keeps_syncing_with_refusals_about() {
+    let old_wasm = std::env::var("KVROUTE_OLD_WASM").expect("set KVROUTE_OLD_WASM");
+    let sim = Sim::start(2, &[]);
+    let peer_ports = [free_port(), free_port()];
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", peer_ports[0], peer_ports[1]);
+    let start = |i: usize, wasm: Option<&str>| {
+        let listen = format!("127.0.0.1:{}", peer_ports[i]);
+        let mut extra = vec!["--peer-listen", &listen, "--peers", &peers];
+        if let Some(w) = wasm {
+            extra.extend(["--wasm", w]);
+        }
+        Envoy::start_with(&sim.endpoints(), config(), 2, &extra)
+    };
+    let new = start(0, None);
+    let old = start(1, Some(&old_wasm));
+    wait_synced(&[&new, &old], 1);
+    let failed = |r: &Envoy| r.stat("wasmcustom.kvroute.peer.sync_failed");
+    let failed_before = (failed(&new), failed(&old));
+    sim.fault(0, json!({"error_rate": 1.0}));
+    for c in 0..16 {
+        for (who, r) in [("new", &new), ("old", &old)] {
+            let body = conversation_turn(MODEL, &format!("{who}-{c}"), 0);
+            post_json(&r.url("/v1/chat/completions"), &body);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let stat = |r: &Envoy, s: &str| r.stat(&format!("wasmcustom.kvroute.{s}"));
+    for (who, r) in [("new", &new), ("old", &old)] {
+        println!(
+            "{who}: forgotten {} learned {} refusals {} dropped {} malformed {} sync_ok {} sync_failed {}",
+            stat(r, "prefix.forgotten"),
+            stat(r, "peer.learned"),
+            stat(r, "peer.refusals"),
+            stat(r, "peer.dropped"),
+            stat(r, "peer.malformed"),
+            stat(r, "peer.sync_ok"),
+            failed(r)
+        );
+        assert!(stat(r, "prefix.forgotten") >= 1.0, "{who} refused nothing");
+        assert!(stat(r, "peer.learned") >= 4.0, "{who} learnt too little");
+        assert_eq!(stat(r, "peer.dropped"), 0.0, "{who} was sent a refusal");
+        assert_eq!(stat(r, "peer.malformed"), 0.0, "{who}");
+    }
+    assert_eq!((failed(&new), failed(&old)), failed_before, "a sync failed");
+    assert_eq!(
+        stat(&new, "peer.refusals"),
+        0.0,
+        "the old build sent a refusal"
+    );
+}
