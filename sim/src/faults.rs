@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 /// about the time the default latency model needs for one step prefilling ~470 tokens.
 pub const PHANTOM_REQUEST_SECS: f64 = 0.025;
 
-/// The fault state of a pod. All zero/false means healthy.
+/// The fault state of a pod. The default is healthy (every switch zero or
+/// off; `error_status` only matters with an `error_rate`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Faults {
     /// Wall milliseconds added before each inference request is queued (so before its
@@ -53,7 +54,13 @@ impl Default for Faults {
 impl Faults {
     /// Whether any switch is on.
     pub fn any(&self) -> bool {
-        *self != Faults::default()
+        let healthy = Faults::default();
+        // The status of error_rate's answers is not a switch of its own.
+        let switches = Faults {
+            error_status: healthy.error_status,
+            ..self.clone()
+        };
+        switches != healthy
     }
 }
 
@@ -157,6 +164,11 @@ mod tests {
         assert_eq!(f.queue_inflate, 3);
         assert!(f.metrics_garbage);
         assert!(f.any());
+        let status_only = Faults {
+            error_status: 429,
+            ..Faults::default()
+        };
+        assert!(!status_only.any());
         assert!(FaultUpdate::parse(b"").unwrap() == FaultUpdate::default());
     }
 
