@@ -34,8 +34,9 @@
 //! `peers.max_response_bytes` are not read, malformed ones are counted and
 //! ignored, and entries naming an endpoint outside the pool (or with more
 //! blocks than a prompt can have) are dropped. A peer only ever adds
-//! affinity hints and load counts; every decision still filters and scores
-//! the pool. Sync runs on the tick, never on a request's path.
+//! affinity hints (or withdraws its own, for a refusal: the index only
+//! shrinks) and load counts; every decision still filters and scores the
+//! pool. Sync runs on the tick, never on a request's path.
 
 pub mod intake;
 pub mod table;
