@@ -38,6 +38,7 @@ use crate::stats::{Counter, ObjectiveCounter};
 use crate::vm_state::{Routed, VmState};
 use kvroute_core::answer::{needs_code_details, verdict, Verdict};
 use kvroute_core::config::{Handoff, STREAM_HEADER};
+use kvroute_core::decode_speed;
 use kvroute_core::error_reply::ErrorReply;
 use kvroute_core::models::listing::{self, ModelsReply};
 use kvroute_core::objectives::Objective;
@@ -76,6 +77,10 @@ pub struct RequestFilter {
     read_model: bool,
     /// The request's objective (priority), from its header.
     objective: Objective,
+    /// A stream the chosen endpoint answers 2xx, timed for the decode-speed
+    /// model (`scheduling.decode_speed`): when its first chunk came (ms),
+    /// and the bytes of the chunks since.
+    streaming: Option<(u64, u64)>,
 }
 
 impl RequestFilter {
@@ -94,6 +99,7 @@ impl RequestFilter {
             answer_ok: false,
             read_model: false,
             objective: Objective::DEFAULT,
+            streaming: None,
         }
     }
 
@@ -422,7 +428,7 @@ impl HttpContext for RequestFilter {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         // Only a chunk the chosen endpoint sent is its progress; otherwise
         // on_log settles the request as unanswered.
         if !self.tokens_released && self.chosen_answered {
@@ -433,9 +439,21 @@ impl HttpContext for RequestFilter {
                     // The whole answer in one chunk: on_log comes next.
                     self.answered_at = Some(now);
                 } else {
-                    self.state
-                        .borrow_mut()
-                        .first_chunk(r, self.first_token(), now);
+                    let mut state = self.state.borrow_mut();
+                    state.first_chunk(r, self.first_token(), now);
+                    if self.first_token() && state.config().scheduling.decode_speed {
+                        self.streaming = Some((now, 0));
+                    }
+                }
+            }
+        } else if let Some((first_ms, bytes)) = &mut self.streaming {
+            *bytes += body_size as u64;
+            // Short answers teach nothing: no clock read for them.
+            if end_of_stream && *bytes >= decode_speed::MIN_BYTES {
+                let (first_ms, bytes) = (*first_ms, *bytes);
+                if let Some(r) = &self.routed {
+                    let ms = now_ms(self).saturating_sub(first_ms);
+                    self.state.borrow_mut().streamed(r.endpoint, bytes, ms);
                 }
             }
         }

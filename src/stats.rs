@@ -48,6 +48,10 @@ pub enum Counter {
     /// scores picked for a cheaper endpoint (also counted as load
     /// decisions).
     DecisionMovedByCost,
+    /// Cold and load decisions moved off an endpoint that streams answers
+    /// slower than the fleet's fastest (`scheduling.decode_speed`; also
+    /// counted under their reason).
+    DecisionMovedByDecode,
     /// Successful `/metrics` scrapes.
     ScrapeSuccess,
     /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
@@ -110,7 +114,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 41] = [
+const COUNTERS: [(Counter, &str); 42] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -131,6 +135,10 @@ const COUNTERS: [(Counter, &str); 41] = [
     (
         Counter::DecisionMovedByCost,
         "kvroute.decision.moved_by_cost",
+    ),
+    (
+        Counter::DecisionMovedByDecode,
+        "kvroute.decision.moved_by_decode",
     ),
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),

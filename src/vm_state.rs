@@ -89,6 +89,7 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
         let check = match o.check {
             CostCheck::KeptHolder => "kept_by_cost",
             CostCheck::LeftHolder => "moved_by_cost",
+            CostCheck::LeftSlowerDecoder => "moved_by_decode",
         };
         let _ = write!(
             v,
@@ -101,7 +102,7 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
         for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
             let _ = write!(
                 v,
-                "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok; delays {:.0} others {:.0})",
+                "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok; delays {:.0} others {:.0}; streams {:.0} slower)",
                 if i > 0 { "," } else { "" },
                 e,
                 p.ttft_ms,
@@ -111,7 +112,8 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
                 p.uncached_tokens,
                 p.ms_per_token,
                 p.present,
-                p.others_delay_ms
+                p.others_delay_ms,
+                p.slow_decode_ms
             );
         }
     }
@@ -372,6 +374,7 @@ impl VmState {
         match decision.overruled.map(|o| o.check) {
             Some(CostCheck::KeptHolder) => self.stats.inc(Counter::DecisionKeptByCost),
             Some(CostCheck::LeftHolder) => self.stats.inc(Counter::DecisionMovedByCost),
+            Some(CostCheck::LeftSlowerDecoder) => self.stats.inc(Counter::DecisionMovedByDecode),
             None => {}
         }
         self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
@@ -438,6 +441,12 @@ impl VmState {
             t.finish(endpoint, None);
         });
         self.learn_first_byte(routed, first_token, answered_ms);
+    }
+
+    /// `endpoint` streamed `bytes` of a 2xx answer after its first chunk in
+    /// `ms`: teaches the decode-speed model.
+    pub fn streamed(&mut self, endpoint: Endpoint, bytes: u64, ms: u64) {
+        self.router.streamed(endpoint, bytes, ms);
     }
 
     /// A stream's first chunk teaches the TTFT model (see `first_chunk`).

@@ -443,6 +443,16 @@ pub struct SchedulingConfig {
     /// issue 12: agentic without an idle pod, hotspot spread, saturation's
     /// TTFT p50 9 % slower on average).
     pub leave_costlier_holder: bool,
+    /// For a mixed fleet: price how much slower each endpoint streams its
+    /// answers than the fleet's fastest (`decode_speed.rs`, learnt from the
+    /// streams the filter passes) into the TTFT model's costs:
+    /// `predicted_ttft` and the two cost checks above weigh it, and a cold
+    /// or load pick on an endpoint that streams slower moves to a cheaper
+    /// one (`Router::check_by_cost`). Changes nothing on a fleet of like
+    /// endpoints (rates within x1.5 of the fastest count as equal). Off by
+    /// default: on a mixed fleet it raises throughput but, on a cache-bound
+    /// workload, costs hit rate (bench/README.md, "A mixed fleet").
+    pub decode_speed: bool,
     /// The predicted-TTFT model (`profile: predicted_ttft`, and the
     /// cost checks of the other profiles).
     pub ttft: TtftConfig,
@@ -464,6 +474,7 @@ impl Default for SchedulingConfig {
             keep_cheaper_holder: true,
             keep_cheaper_holder_min_saved: 0.5,
             leave_costlier_holder: true,
+            decode_speed: false,
             ttft: TtftConfig::default(),
         }
     }
@@ -1107,6 +1118,7 @@ mod tests {
         assert!(c.scheduling.keep_cheaper_holder);
         assert_eq!(c.scheduling.keep_cheaper_holder_min_saved, 0.5);
         assert!(c.scheduling.leave_costlier_holder);
+        assert!(!c.scheduling.decode_speed);
         assert_eq!(c.allowed_paths, default_allowed_paths());
         let c = parse(
             r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0,"keep_cheaper_holder":true}}"#,

@@ -21,11 +21,13 @@
 
 pub mod answer;
 pub mod config;
+pub mod decode_speed;
 pub mod discovery;
 pub mod endpoint;
 pub mod error_reply;
 pub mod float;
 pub mod inflight;
+mod log_mean;
 pub mod metrics;
 pub mod models;
 pub mod objectives;

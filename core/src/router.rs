@@ -8,6 +8,7 @@
 //! from the shared decision log).
 
 use crate::config::{Config, Profile};
+use crate::decode_speed::DecodeSpeed;
 use crate::endpoint::Endpoint;
 use crate::float::{max_num, non_negative};
 use crate::inflight::InFlight;
@@ -37,6 +38,7 @@ pub struct Router {
     last_picked: Vec<Option<u64>>,
     capacity: HashMap<Endpoint, usize>,
     ttft: TtftModel,
+    decode: DecodeSpeed,
     models: ModelPools,
 }
 
@@ -50,6 +52,7 @@ impl Router {
             last_picked: Vec::new(),
             capacity: HashMap::new(),
             ttft: TtftModel::new(&config.scheduling.ttft),
+            decode: DecodeSpeed::new(config.scheduling.ttft.learning_rate),
             models: ModelPools::new(&config.models),
             config,
         };
@@ -145,6 +148,7 @@ impl Router {
             .collect();
         self.capacity.retain(|e, _| pool.binary_search(e).is_ok());
         self.ttft.retain(&pool);
+        self.decode.retain(&pool);
         self.pool = pool;
     }
 
@@ -341,15 +345,22 @@ impl Router {
     /// delays the requests there) prices the pick and its rivals:
     ///
     /// - a `load` pick that left a holder: [`Router::keep_cheaper_holder`];
-    /// - a `prefix` pick: [`Router::leave_costlier_holder`].
+    /// - a `prefix` pick: [`Router::cheaper_rival`]
+    ///   (`scheduling.leave_costlier_holder`);
+    /// - a `cold` or `load` pick (one the check above left alone) on an
+    ///   endpoint that streams answers slower than the fleet's fastest
+    ///   (`scheduling.decode_speed`): the same, keeping its reason.
     ///
-    /// Both leave a holder only by one rule ([`move_pays`]).
+    /// All leave a pick only by one rule ([`move_pays`]).
     ///
     /// Either way the chosen endpoint's prediction is recorded; the model
     /// learns from it (`Decision::prediction`).
     fn check_by_cost(&self, decision: &mut Decision, candidates: &[Candidate], req: &RequestFacts) {
         let scheduling = &self.config.scheduling;
-        if !(scheduling.keep_cheaper_holder || scheduling.leave_costlier_holder) {
+        if !(scheduling.keep_cheaper_holder
+            || scheduling.leave_costlier_holder
+            || scheduling.decode_speed)
+        {
             return;
         }
         // Candidates follow the sorted pool.
@@ -371,10 +382,24 @@ impl Router {
             // does not price loading an adapter.
             Reason::Prefix if scheduling.leave_costlier_holder && req.adapter.is_none() => {
                 let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
-                self.leave_costlier_holder(chosen, &prediction, rivals, req.prompt_tokens)
+                self.cheaper_rival(chosen, &prediction, rivals, req.prompt_tokens)
+                    .map(|(c, p)| (CostCheck::LeftHolder, c, p))
             }
             _ => None,
-        };
+        }
+        .or_else(|| {
+            // A cold pick is the rotation's and a load pick the load
+            // scores': both count requests, not capacity. On a mixed fleet
+            // one on an endpoint that streams slower is priced.
+            let slower = matches!(decision.reason, Reason::Cold | Reason::Load)
+                && prediction.slow_decode_ms > 0.0
+                && req.adapter.is_none();
+            let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
+            slower
+                .then(|| self.cheaper_rival(chosen, &prediction, rivals, req.prompt_tokens))
+                .flatten()
+                .map(|(c, p)| (CostCheck::LeftSlowerDecoder, c, p))
+        });
         decision.prediction = Some(prediction);
         if let Some((check, c, p)) = better {
             decision.overruled = Some(Overruled {
@@ -386,6 +411,7 @@ impl Router {
             decision.reason = match check {
                 CostCheck::KeptHolder => Reason::Prefix,
                 CostCheck::LeftHolder => Reason::Load,
+                CostCheck::LeftSlowerDecoder => decision.reason,
             };
             decision.matched_blocks = c.matched_blocks;
             decision.prediction = Some(p);
@@ -405,7 +431,7 @@ impl Router {
     /// still prefilling the very document a question needs counts that
     /// document's in-flight tokens as ahead in full, as much as the pick's
     /// own prefill of it.) Smaller differences stay with the load scores and
-    /// [`Router::leave_costlier_holder`]: vetoing every move of a
+    /// [`Router::cheaper_rival`]: vetoing every move of a
     /// conversation whose shared prompt is cached everywhere kept hot
     /// groups on one pod (bench/README.md).
     fn keep_cheaper_holder<'c>(
@@ -450,13 +476,18 @@ impl Router {
     /// is what the move costs the fleet: the holder would not have
     /// prefilled those tokens at all. The prefix then gains a holder, and
     /// later requests balance over both.
-    fn leave_costlier_holder<'c>(
+    ///
+    /// `scheduling.decode_speed` applies the same rule to a cold or load
+    /// pick on an endpoint that streams answers slower than the fleet's
+    /// fastest (`decode_speed.rs`): a rival is charged only for the prefix
+    /// the pick holds beyond it (nothing for a cold pick).
+    fn cheaper_rival<'c>(
         &self,
         chosen: &Candidate,
         prediction: &Prediction,
         rivals: impl Iterator<Item = &'c Candidate>,
         prompt_tokens: u64,
-    ) -> Option<(CostCheck, &'c Candidate, Prediction)> {
+    ) -> Option<(&'c Candidate, Prediction)> {
         rivals
             .filter(|c| c.healthy && c.endpoint != chosen.endpoint)
             .map(|c| {
@@ -465,7 +496,7 @@ impl Router {
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .filter(|(_, _, p)| move_pays(prediction, p))
-            .map(|(_, c, p)| (CostCheck::LeftHolder, c, p))
+            .map(|(_, c, p)| (c, p))
     }
 
     /// Up to `n` other scored candidates, best first: where Envoy's retries
@@ -506,8 +537,15 @@ impl Router {
             c.snapshot.map_or(0.0, |s| s.running + s.waiting),
             f64::from(c.inflight.requests),
         );
-        self.ttft
-            .predict(&c.endpoint, ahead, uncached, running, present)
+        let mut p = self
+            .ttft
+            .predict(&c.endpoint, ahead, uncached, running, present);
+        // 0 unless the model is on and the endpoint streams slower.
+        if self.config.scheduling.decode_speed {
+            p.slow_decode_ms = self.decode.extra_ms(&c.endpoint);
+        }
+        p.cost_ms += p.slow_decode_ms;
+        p
     }
 
     /// Prefill work ahead of a new request on an endpoint (`ttft.rs`):
@@ -527,6 +565,7 @@ impl Router {
         if scheduling.profile == Profile::PredictedTtft
             || scheduling.keep_cheaper_holder
             || scheduling.leave_costlier_holder
+            || scheduling.decode_speed
         {
             self.ttft.routed(uncached);
         }
@@ -539,6 +578,14 @@ impl Router {
     pub fn first_byte(&mut self, endpoint: Endpoint, work_tokens: u64, running: f64, ttft_ms: u64) {
         if self.contains(endpoint) {
             self.ttft.observe(endpoint, work_tokens, running, ttft_ms);
+        }
+    }
+
+    /// `endpoint` streamed `bytes` of a 2xx answer after its first chunk,
+    /// in `ms`. Teaches the decode-speed model (`scheduling.decode_speed`).
+    pub fn streamed(&mut self, endpoint: Endpoint, bytes: u64, ms: u64) {
+        if self.config.scheduling.decode_speed && self.contains(endpoint) {
+            self.decode.observe(endpoint, bytes, ms);
         }
     }
 
@@ -1517,5 +1564,118 @@ mod tests {
         assert_eq!(decide(1_000, 8_000, &mut rng), ep(2));
         assert_eq!(decide(1_000, 12_000, &mut rng), ep(2));
         assert_eq!(decide(1_000, 16_000, &mut rng), ep(1));
+    }
+
+    /// Two `weighted` endpoints whose answers stream at `ms_per_kib` each
+    /// (8 KiB answers, five of each learnt).
+    fn mixed_fleet(ms_per_kib: [u64; 2]) -> Router {
+        let mut r = router(2);
+        r.config.scheduling.decode_speed = true;
+        for _ in 0..5 {
+            r.streamed(ep(1), 8192, 8 * ms_per_kib[0]);
+            r.streamed(ep(2), 8192, 8 * ms_per_kib[1]);
+        }
+        r
+    }
+
+    /// Where eight new prompts go, one after another on an idle fleet (each
+    /// learnt, so the rotation alternates), and how often a cost check
+    /// moved one off the rotation's pick.
+    fn cold_picks(r: &mut Router) -> (Vec<Endpoint>, usize) {
+        let mut rng = fastrand::Rng::with_seed(1);
+        let states = idle_states(r, 0);
+        let mut moved = 0;
+        let picks = (0..8u64)
+            .map(|i| {
+                let prompt = [1_000 * (i + 1), 1_000 * (i + 1) + 1];
+                let d = r
+                    .decide(
+                        &prompt,
+                        128,
+                        &states,
+                        &OutlierTable::default(),
+                        |_| InFlight::default(),
+                        i,
+                        &mut rng,
+                    )
+                    .unwrap();
+                assert_eq!(d.reason, Reason::Cold);
+                if let Some(o) = d.overruled {
+                    assert_eq!(o.check, CostCheck::LeftSlowerDecoder);
+                    assert_eq!(d.prediction.unwrap().slow_decode_ms, 0.0);
+                    assert!(o.cost_ms > 1000.0, "{o:?}");
+                    moved += 1;
+                }
+                r.learn(d.endpoint, &prompt, i);
+                d.endpoint
+            })
+            .collect();
+        (picks, moved)
+    }
+
+    #[test]
+    fn decode_speed_moves_new_prompts_off_an_endpoint_streaming_slower() {
+        // Endpoint 2 streams four times slower: a mean answer (8 KiB) takes
+        // 8 x (200 - 50) = 1200 ms longer there. Every cold pick goes to
+        // endpoint 1; half of them are moved off the rotation's.
+        let (picks, moved) = cold_picks(&mut mixed_fleet([50, 200]));
+        assert_eq!(picks, vec![ep(1); 8]);
+        assert!(moved >= 3, "{moved}");
+        // Off (the default): the rotation alternates.
+        let mut r = mixed_fleet([50, 200]);
+        r.config.scheduling.decode_speed = false;
+        let (picks, moved) = cold_picks(&mut r);
+        assert_eq!(picks.iter().filter(|e| **e == ep(2)).count(), 4);
+        assert_eq!(moved, 0);
+    }
+
+    #[test]
+    fn decode_speed_changes_nothing_on_a_fleet_of_like_endpoints() {
+        // 1.4x apart: load and noise, not hardware.
+        let (picks, moved) = cold_picks(&mut mixed_fleet([50, 70]));
+        assert_eq!(picks.iter().filter(|e| **e == ep(2)).count(), 4);
+        assert_eq!(moved, 0);
+    }
+
+    #[test]
+    fn decode_speed_moves_a_conversation_off_a_slower_holder_until_the_fast_one_is_busier() {
+        let mut r = mixed_fleet([50, 200]);
+        let mut rng = fastrand::Rng::with_seed(1);
+        let states = idle_states(&r, 0);
+        // The slow endpoint holds a 20-block conversation (1280 tokens).
+        let conversation: Vec<u64> = (1..=20).collect();
+        r.learn(ep(2), &conversation[..19], 0);
+        let decide = |queue: u64, rng: &mut fastrand::Rng| {
+            let load = |e: &Endpoint| {
+                if *e == ep(1) {
+                    work(queue)
+                } else {
+                    InFlight::default()
+                }
+            };
+            r.decide(
+                &conversation,
+                1280,
+                &states,
+                &OutlierTable::default(),
+                load,
+                1,
+                rng,
+            )
+            .unwrap()
+        };
+        // Idle elsewhere: prefilling it again costs less than 1200 ms of
+        // slower streaming.
+        let d = decide(0, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Load));
+        let o = d.overruled.unwrap();
+        assert_eq!((o.check, o.endpoint), (CostCheck::LeftHolder, ep(2)));
+        // Behind a long queue on the fast endpoint the slow one keeps it.
+        let d = decide(100_000, &mut rng);
+        assert_eq!(
+            (d.endpoint, d.reason, d.overruled),
+            (ep(2), Reason::Prefix, None)
+        );
+        assert!(d.prediction.unwrap().slow_decode_ms > 1000.0);
     }
 }

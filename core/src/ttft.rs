@@ -29,6 +29,10 @@
 //! cost(e) = TTFT(e) + f(e) x ms_per_token x uncached(e) x present(e)
 //! ```
 //!
+//! With `scheduling.decode_speed` (a mixed fleet), `cost(e)` also holds how
+//! much longer a mean answer streams from `e` than from the fleet's fastest
+//! endpoint (`decode_speed.rs`; the router adds it, `slow_decode_ms`).
+//!
 //! The endpoint with the lowest cost wins. The second term is what this
 //! request's prefill costs the others: every request `e` holds waits for it,
 //! step after step. That is the ones decoding there, and the ones waiting
@@ -71,12 +75,9 @@
 use crate::config::TtftConfig;
 use crate::endpoint::Endpoint;
 use crate::float::{max_num, min_num, non_negative};
+use crate::log_mean::{LogMean, MAX_STEP, WARM_UP};
 use hashbrown::HashMap;
 
-/// Observations after which a factor moves by `learning_rate`, not `1/n`.
-const WARM_UP: u32 = 8;
-/// Largest factor one observation can move an endpoint's factor by.
-const MAX_STEP: f64 = 4.0;
 /// Fleet observations after which an endpoint not observed since counts
 /// as average again (so one learnt slow, and since avoided, is tried again
 /// rather than shunned forever on stale data).
@@ -91,33 +92,6 @@ const PRIOR_WEIGHT: f64 = 2.0;
 /// Typical scale of each regressor (1, work tokens, running requests), so
 /// the priors weigh alike on each coefficient.
 const SCALE: [f64; 3] = [1.0, 1000.0, 4.0];
-
-/// A factor learnt in log space.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct LogMean {
-    ln: f64,
-    n: u32,
-}
-
-impl LogMean {
-    fn value(&self) -> f64 {
-        self.ln.exp()
-    }
-
-    fn observe(&mut self, x: f64, learning_rate: f64) {
-        if !x.is_finite() || x <= 0.0 {
-            return;
-        }
-        let step = (x.ln() - self.ln).clamp(-MAX_STEP.ln(), MAX_STEP.ln());
-        self.n = self.n.saturating_add(1);
-        let w = if self.n <= WARM_UP {
-            1.0 / f64::from(self.n)
-        } else {
-            learning_rate
-        };
-        self.ln += w * step;
-    }
-}
 
 /// The fleet's first-byte time as a linear function of
 /// `(1, work tokens, running requests)`: decayed least squares, ridged
@@ -244,7 +218,12 @@ pub struct Prediction {
     /// What this request's prefill delays the requests there, in total, ms
     /// (`uncached x ms_per_token x present`).
     pub others_delay_ms: f64,
-    /// What the decision minimises: `ttft_ms + others_delay_ms`.
+    /// How much longer a mean answer streams here than from the fleet's
+    /// fastest endpoint, ms (`decode_speed.rs`; 0 on a fleet of like
+    /// endpoints, and with `scheduling.decode_speed` off).
+    pub slow_decode_ms: f64,
+    /// What the decision minimises: `ttft_ms + others_delay_ms +
+    /// slow_decode_ms`.
     pub cost_ms: f64,
 }
 
@@ -275,10 +254,7 @@ impl TtftModel {
             config: config.clone(),
             learnt: HashMap::new(),
             mean_ln: 0.0,
-            mean_uncached: LogMean {
-                ln: 512f64.ln(),
-                n: 0,
-            },
+            mean_uncached: LogMean::at(512.0),
         }
     }
 
@@ -398,6 +374,7 @@ impl TtftModel {
             decode_ms,
             present,
             others_delay_ms,
+            slow_decode_ms: 0.0,
             cost_ms: ttft_ms + others_delay_ms,
         }
     }

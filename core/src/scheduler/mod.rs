@@ -183,6 +183,10 @@ pub enum CostCheck {
     /// `scheduling.leave_costlier_holder`: another endpoint instead of the
     /// holder, cheaper even after prefilling again what the holder had.
     LeftHolder,
+    /// `scheduling.decode_speed`: another endpoint instead of a cold or
+    /// load pick that streams answers slower than the fleet's fastest (the
+    /// decision keeps its reason).
+    LeftSlowerDecoder,
 }
 
 /// A pick a cost check replaced.
