@@ -45,7 +45,7 @@
 
 use crate::endpoint::Endpoint;
 use crate::float::non_negative;
-use crate::log_mean::LogMean;
+use crate::log_mean::{staleness, LogMean};
 use hashbrown::HashMap;
 
 /// Answers shorter than this after their first chunk teach nothing: their
@@ -170,9 +170,8 @@ impl DecodeSpeed {
     /// 0 while `r` was observed within a quarter of [`STALE_ROUNDS`], then
     /// rising to 1 at [`STALE_ROUNDS`].
     fn staleness(&self, r: &Rate) -> f64 {
-        let after = self.stale_after() as f64;
-        let age = self.observations.saturating_sub(r.seen_at) as f64;
-        ((age - after / 4.0) / (after * 0.75)).clamp(0.0, 1.0)
+        let age = self.observations.saturating_sub(r.seen_at);
+        staleness(age, self.stale_after())
     }
 
     /// [`STALE_ROUNDS`] in fleet observations.

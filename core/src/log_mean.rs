@@ -1,6 +1,7 @@
 //! A positive quantity learnt online as a mean in log space: a ratio that
 //! doubles and one that halves move it alike, and one wild observation
-//! moves it by a bounded factor. The TTFT model's per-endpoint factors and
+//! moves it by a bounded factor; and how stale such a mean is once its
+//! endpoint is no longer observed. The TTFT model's per-endpoint factors and
 //! mean request size (`ttft.rs`) and the decode-speed rates
 //! (`decode_speed.rs`) are such means.
 
@@ -48,6 +49,15 @@ impl LogMean {
     }
 }
 
+/// How stale a mean last observed `age` observations ago is, when it
+/// counts as wholly stale after `after`: 0 for the first quarter of that
+/// (an endpoint waits its turn among the others without drifting), then
+/// rising linearly to 1.
+pub(crate) fn staleness(age: u64, after: u64) -> f64 {
+    let after = after.max(1) as f64;
+    ((age as f64 - after / 4.0) / (after * 0.75)).clamp(0.0, 1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +80,16 @@ mod tests {
         let before = m.ln;
         m.observe(16.0, 0.1);
         assert!((m.ln - before - 0.1 * (16f64.ln() - before)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn staleness_waits_a_quarter_then_rises_to_one() {
+        assert_eq!(staleness(0, 256), 0.0);
+        assert_eq!(staleness(64, 256), 0.0);
+        assert!((staleness(160, 256) - 0.5).abs() < 1e-9);
+        assert_eq!(staleness(256, 256), 1.0);
+        assert_eq!(staleness(u64::MAX, 256), 1.0);
+        assert_eq!(staleness(5, 0), 1.0);
     }
 
     #[test]

@@ -66,22 +66,29 @@
 //! expected times, relative to the endpoints observed lately: an endpoint
 //! not observed yet is 1 (average: neither shunned nor flooded), a factor
 //! within x1.5 of 1 is 1 (equal pods are not ranked by noise), and one not
-//! observed for 256 fleet observations drifts back to 1 (an endpoint learnt
-//! slow and since avoided is tried again). Memory: a 3x3 fit and two
+//! observed for 256 fleet observations (or 32 rounds of the fleet, if more)
+//! drifts back to 1, from a quarter of that on (an endpoint learnt slow and
+//! since avoided is tried again). Memory: a 3x3 fit and two
 //! numbers per endpoint (removed with it). No clock is read here: the shell
 //! passes the times. A restarted VM starts from the priors and relearns
 //! within a few requests.
 
 use crate::config::TtftConfig;
 use crate::endpoint::Endpoint;
-use crate::float::{max_num, min_num, non_negative};
-use crate::log_mean::{LogMean, MAX_STEP, WARM_UP};
+use crate::float::{max_num, non_negative};
+use crate::log_mean::{staleness, LogMean, MAX_STEP, WARM_UP};
 use hashbrown::HashMap;
 
 /// Fleet observations after which an endpoint not observed since counts
 /// as average again (so one learnt slow, and since avoided, is tried again
-/// rather than shunned forever on stale data).
+/// rather than shunned forever on stale data); it starts drifting after a
+/// quarter of them. At least this many...
 const STALE_AFTER: u64 = 256;
+/// ... and at least this many rounds of the fleet (one observation per
+/// endpoint learnt): in a large pool each endpoint is observed once in
+/// many, and a factor that drifted between two of its own observations
+/// was never learnt (64 endpoints hid one three times slower).
+const STALE_ROUNDS: u64 = 32;
 /// Endpoint factors within this of 1 count as 1 (noise).
 const NOISE: f64 = 1.5;
 /// Weight the fleet fit keeps of its past at each observation (a window of
@@ -264,10 +271,16 @@ impl TtftModel {
         let Some(l) = self.learnt.get(endpoint) else {
             return (1.0, 0);
         };
-        let stale = self.fit.n.saturating_sub(l.seen_at) as f64 / STALE_AFTER as f64;
-        let ln = (l.factor.ln - self.mean_ln) * (1.0 - min_num(stale, 1.0));
+        let ln = self.drifted_ln(l);
         let f = if ln.abs() < NOISE.ln() { 1.0 } else { ln.exp() };
         (f, l.factor.n)
+    }
+
+    /// `l`'s log factor relative to the fleet, drifted toward 0 as it goes
+    /// stale (the noise band not applied).
+    fn drifted_ln(&self, l: &Learnt) -> f64 {
+        let stale = staleness(self.fit.n.saturating_sub(l.seen_at), self.stale_after());
+        (l.factor.ln - self.mean_ln) * (1.0 - stale)
     }
 
     /// The rates of `endpoint`: the fleet's, times its factor.
@@ -309,33 +322,53 @@ impl TtftModel {
         let (current, _) = self.factor(&endpoint);
         let seen_at = self.fit.n + 1;
         let mean_ln = self.mean_ln;
+        // A stale endpoint resumes from where it drifted; one within the
+        // noise band from where it was learnt, not from 1 (else a factor
+        // inside the band could never leave it: a pod turning three times
+        // slower by degrees was never learnt slow).
+        let resume = self
+            .learnt
+            .get(&endpoint)
+            .map(|l| mean_ln + self.drifted_ln(l));
         let lr = self.config.learning_rate;
         let l = self.learnt.entry(endpoint).or_insert(Learnt {
             factor: LogMean { ln: mean_ln, n: 0 },
             seen_at,
         });
-        // A stale endpoint resumes from where it drifted.
-        l.factor.ln = mean_ln + current.ln();
+        if let Some(ln) = resume {
+            l.factor.ln = ln;
+        }
         l.factor.observe(y.max(0.1) / expected, lr);
         l.seen_at = seen_at;
         let f = current.max(1e-3);
         self.fit.add(x, y / f);
-        self.recentre();
+        // A scan of every endpoint learnt: each time on a small pool, every
+        // 16th observation on a large one (the mean moves slowly).
+        if self.learnt.len() <= 64 || self.fit.n % 16 == 0 {
+            self.recentre();
+        }
     }
 
     /// Factors are relative to the mean of the endpoints observed lately
     /// (a stale one no longer counts).
     fn recentre(&mut self) {
+        let after = self.stale_after();
         let (mut sum, mut weight) = (0.0, 0.0);
         for l in self.learnt.values() {
-            let stale = self.fit.n.saturating_sub(l.seen_at) as f64 / STALE_AFTER as f64;
-            let w = 1.0 - stale.min(1.0);
+            let w = 1.0 - staleness(self.fit.n.saturating_sub(l.seen_at), after);
             sum += w * l.factor.ln;
             weight += w;
         }
         if weight > 0.0 {
             self.mean_ln = sum / weight;
         }
+    }
+
+    /// Fleet observations after which an endpoint not observed since is
+    /// wholly stale: [`STALE_AFTER`], or [`STALE_ROUNDS`] rounds of the
+    /// endpoints learnt if more.
+    fn stale_after(&self) -> u64 {
+        STALE_AFTER.max(STALE_ROUNDS * self.learnt.len() as u64)
     }
 
     /// Forgets endpoints that left the pool (`pool` sorted, as the
@@ -445,6 +478,39 @@ mod tests {
                 ..m.rates(&ep(2))
             }
         );
+    }
+
+    #[test]
+    fn a_slower_endpoint_in_a_large_fleet_keeps_its_factor() {
+        // 64 endpoints answering in turn, endpoint 0 three times slower:
+        // each is observed once every 64 fleet observations. Its factor must
+        // not drift back toward the fleet's between two of its own.
+        let ep =
+            |i: u16| -> Endpoint { format!("10.0.{}.{}:8000", i >> 8, i & 255).parse().unwrap() };
+        let mut m = model();
+        for i in 0..64 * 20u64 {
+            let e = (i % 64) as u16;
+            let work = 200 + 700 * (i % 11);
+            let f = if e == 0 { 3.0 } else { 1.0 };
+            m.observe(ep(e), work, 0.0, (f * (10.0 + 0.02 * work as f64)) as u64);
+        }
+        let (slow, fast) = (m.rates(&ep(0)), m.rates(&ep(1)));
+        assert!(
+            slow.ms_per_token > 2.0 * fast.ms_per_token,
+            "{slow:?} vs {fast:?}"
+        );
+    }
+
+    #[test]
+    fn an_endpoint_that_becomes_slower_is_learnt_slower() {
+        // Equal at first; then endpoint 2 turns three times slower (a
+        // throttled GPU, a noisy neighbour).
+        let mut m = model();
+        teach(&mut m, 60, 1.0);
+        assert_eq!(m.rates(&ep(2)).ms_per_token, m.rates(&ep(1)).ms_per_token);
+        teach(&mut m, 60, 3.0);
+        let (a, b) = (m.rates(&ep(1)), m.rates(&ep(2)));
+        assert!(b.ms_per_token > 2.0 * a.ms_per_token, "{a:?} {b:?}");
     }
 
     #[test]
