@@ -40,12 +40,13 @@
 //! One observation per streaming answer with a 2xx status from the chosen
 //! endpoint, of at least [`MIN_BYTES`] after its first chunk: `(bytes,
 //! first chunk to end of stream, ms)`. One observation moves a rate by at
-//! most 4x (`log_mean`). No clock is read here; the shell passes the times.
+//! most 4x (`log_mean`), and counts at most 4x the mean answer size once
+//! the first 8 are in. No clock is read here; the shell passes the times.
 //! Memory: one rate per endpoint (removed with it) and two numbers.
 
 use crate::endpoint::Endpoint;
 use crate::float::non_negative;
-use crate::log_mean::{staleness, LogMean};
+use crate::log_mean::{staleness, LogMean, MAX_STEP, WARM_UP};
 use hashbrown::HashMap;
 
 /// Answers shorter than this after their first chunk teach nothing: their
@@ -112,8 +113,15 @@ impl DecodeSpeed {
         self.observations += 1;
         let n = self.observations;
         let lr = self.learning_rate;
-        // The plain mean at first, then exponential.
-        self.mean_kib += (kib - self.mean_kib) * (1.0 / n as f64).max(lr);
+        // The plain mean at first, then exponential; past the warm-up one
+        // answer counts at most 4x the mean (a client asking for a huge
+        // answer cannot inflate every endpoint's extra time at once).
+        let sized = if n > u64::from(WARM_UP) {
+            kib.min(MAX_STEP * self.mean_kib)
+        } else {
+            kib
+        };
+        self.mean_kib += (sized - self.mean_kib) * (1.0 / n as f64).max(lr);
         let at = self.effective_ln(&endpoint);
         let r = self.rates.entry(endpoint).or_insert(Rate {
             ms_per_kib: LogMean::at(rate),
@@ -266,6 +274,19 @@ mod tests {
         let x = d.extra_ms(&ep(1));
         // 0.1 of ln(4x) at most: 50 x 4^0.1 = 57 ms/KiB, within noise.
         assert_eq!(x, 0.0);
+    }
+
+    #[test]
+    fn one_huge_answer_moves_the_mean_size_by_a_bounded_step() {
+        let mut d = DecodeSpeed::new(0.1);
+        learn(&mut d, &[50.0, 100.0], 10);
+        let before = d.extra_ms(&ep(1));
+        // 100 MiB streamed at the fast endpoint's usual rate.
+        d.observe(ep(0), 100 << 20, 50 * 102_400);
+        let after = d.extra_ms(&ep(1));
+        // The mean size moves by a tenth of 4x the mean at most: +30 %.
+        assert!(after <= before * 1.31, "{before} -> {after}");
+        assert!(after > before, "{before} -> {after}");
     }
 
     #[test]
