@@ -8,6 +8,7 @@
 
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::scheduler::Reason;
+use kvroute_core::ttft::observed_percent;
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
 use std::collections::{HashMap, HashSet};
@@ -242,6 +243,8 @@ impl EndpointCounter {
 pub struct Stats {
     counters: Vec<Option<u32>>,
     matched_prefix_percent: Option<u32>,
+    ttft_ms: Option<u32>,
+    ttft_vs_predicted_percent: Option<u32>,
     peer_lag_ms: Option<u32>,
     peer_replicas: Option<u32>,
     per_endpoint: HashMap<(Endpoint, &'static str), Option<u32>>,
@@ -267,6 +270,12 @@ impl Stats {
             matched_prefix_percent: define_metric(
                 MetricType::Histogram,
                 "kvroute.matched_prefix_percent",
+            )
+            .ok(),
+            ttft_ms: define_metric(MetricType::Histogram, "kvroute.ttft_ms").ok(),
+            ttft_vs_predicted_percent: define_metric(
+                MetricType::Histogram,
+                "kvroute.ttft_vs_predicted_percent",
             )
             .ok(),
             peer_lag_ms: define_metric(MetricType::Histogram, "kvroute.peer.lag_ms").ok(),
@@ -347,6 +356,19 @@ impl Stats {
     pub fn matched_prefix(&self, percent: u64) {
         if let Some(id) = self.matched_prefix_percent {
             let _ = record_metric(id, percent.min(100));
+        }
+    }
+
+    /// Records a stream's time to first token as the gateway saw it (routing
+    /// to the first response chunk, ms) and, when the TTFT model predicted
+    /// it, the observed time as a percentage of the prediction (100: exact;
+    /// at most 100x either way).
+    pub fn first_token(&self, ms: u64, predicted_ms: Option<f64>) {
+        if let Some(id) = self.ttft_ms {
+            let _ = record_metric(id, ms);
+        }
+        if let (Some(id), Some(predicted)) = (self.ttft_vs_predicted_percent, predicted_ms) {
+            let _ = record_metric(id, observed_percent(ms, predicted));
         }
     }
 

@@ -449,17 +449,21 @@ impl VmState {
         self.router.streamed(endpoint, bytes, ms);
     }
 
-    /// A stream's first chunk teaches the TTFT model (see `first_chunk`).
+    /// A stream's first chunk is its time to first token: recorded
+    /// (`kvroute.ttft_ms`, and against its prediction), and it teaches the
+    /// TTFT model (see `first_chunk`).
     fn learn_first_byte(&mut self, routed: &Routed, first_token: bool, now_ms: u64) {
-        let endpoint = routed.endpoint;
-        if let Some(p) = routed.prediction.filter(|_| first_token) {
+        if !first_token {
+            return;
+        }
+        let ttft_ms = now_ms.saturating_sub(routed.at_ms);
+        let prediction = routed.prediction;
+        self.stats
+            .first_token(ttft_ms, prediction.map(|p| p.ttft_ms));
+        if let Some(p) = prediction {
             let work = (p.ahead_tokens + p.uncached_tokens) as u64;
-            self.router.first_byte(
-                endpoint,
-                work,
-                p.running,
-                now_ms.saturating_sub(routed.at_ms),
-            );
+            self.router
+                .first_byte(routed.endpoint, work, p.running, ttft_ms);
         }
     }
 

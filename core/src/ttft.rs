@@ -234,6 +234,20 @@ pub struct Prediction {
     pub cost_ms: f64,
 }
 
+/// An observed time to first token as a percentage of its prediction, for
+/// the `kvroute.ttft_vs_predicted_percent` histogram: 100 is exact, 200 took
+/// twice as long as predicted. Bounded to 1..=10 000 (100x either way); a
+/// prediction that is not a positive number counts as 1 ms.
+pub fn observed_percent(observed_ms: u64, predicted_ms: f64) -> u64 {
+    let predicted = if predicted_ms >= 1.0 {
+        predicted_ms
+    } else {
+        1.0
+    };
+    // `as` saturates (NaN is ruled out above: it fails the comparison).
+    ((observed_ms as f64 / predicted * 100.0).round() as u64).clamp(1, 10_000)
+}
+
 /// The fleet's learnt rates, each endpoint's factor, and the mean request
 /// size.
 #[derive(Clone, Debug)]
@@ -421,6 +435,21 @@ mod tests {
 
     fn ep(i: u8) -> Endpoint {
         format!("10.0.0.{i}:8000").parse().unwrap()
+    }
+
+    #[test]
+    fn an_observation_is_a_bounded_percentage_of_its_prediction() {
+        assert_eq!(observed_percent(100, 100.0), 100);
+        assert_eq!(observed_percent(300, 100.0), 300);
+        assert_eq!(observed_percent(50, 200.0), 25);
+        // Bounded both ways: a stall, an instant answer.
+        assert_eq!(observed_percent(600_000, 10.0), 10_000);
+        assert_eq!(observed_percent(0, 500.0), 1);
+        // A degenerate prediction counts as 1 ms.
+        for p in [0.0, -5.0, f64::NAN, 0.2] {
+            assert_eq!(observed_percent(30, p), 3_000, "{p}");
+        }
+        assert_eq!(observed_percent(30, f64::INFINITY), 1);
     }
 
     fn model() -> TtftModel {
