@@ -478,6 +478,14 @@ async fn compare(
         }
     }
     println!("{}", table(&out));
+    for r in out.iter().filter(|r| r.skipped.is_none()) {
+        if let Some(m) = r.ttft_model {
+            println!(
+                "  {:<26} TTFT model: observed / predicted p10 {:.0} %, p50 {:.0} %, p90 {:.0} % ({} streams)",
+                r.router, m.p10, m.p50, m.p90, m.samples
+            );
+        }
+    }
     if e.run.rate.is_some() {
         println!("TTFT p50 by quarter of the run (answered requests in start order; rising = a queue builds):");
         for r in out.iter().filter(|r| r.skipped.is_none()) {

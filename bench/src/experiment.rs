@@ -11,6 +11,7 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::admin_stats::{histogram, quantile, total};
 use crate::engine::{EngineArgs, Pods};
 use crate::gateway::{start_gateway, Arm};
 use crate::gateway_cost::{kvroute_counters, CostProbe, GatewayCost};
@@ -85,6 +86,8 @@ pub struct RunResult {
     pub router_stats: BTreeMap<String, u64>,
     /// CPU per request of the gateway's Envoys; peer sync traffic and lag.
     pub cost: Option<GatewayCost>,
+    /// For kvroute variants whose TTFT model predicted: how far off it was.
+    pub ttft_model: Option<ModelError>,
     /// TTFT CDF (ms, fraction), downsampled, for the plot.
     pub ttft_cdf: Vec<(f64, f64)>,
 }
@@ -121,10 +124,58 @@ impl RunResult {
             pod_counters: Vec::new(),
             router_stats: BTreeMap::new(),
             cost: None,
+            ttft_model: None,
             ttft_cdf: Vec::new(),
         }
     }
 }
+
+/// The TTFT model's error over a run: each stream's observed time to first
+/// token as a percentage of its prediction (`kvroute.ttft_vs_predicted_percent`,
+/// the replicas' histograms merged; 100 is exact). The model's own times are wall
+/// times: on a time-scaled sim its priors (`scheduling.ttft`) are off by the scale
+/// until it has learnt the pods' rates, so the first ~100 streams per worker read
+/// low.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ModelError {
+    /// Predicted streams in the histograms.
+    pub samples: u64,
+    /// Quantiles of observed / predicted, %.
+    pub p10: f64,
+    pub p50: f64,
+    pub p90: f64,
+}
+
+impl ModelError {
+    /// Reads the replicas' histograms once Envoy's stats flush (every 5 s) has
+    /// caught up with the run's `streams` (`kvroute.ttft_ms` holds them all), or
+    /// after 6 s; `None` without samples.
+    async fn read(admins: &[&str], streams: u64) -> Option<ModelError> {
+        let read = |name: &'static str| async move {
+            let mut buckets = Vec::new();
+            for admin in admins {
+                buckets.extend(histogram(admin, "kvroute\\.ttft_", name).await);
+            }
+            buckets
+        };
+        let deadline = Instant::now() + Duration::from_secs(6);
+        while total(&read(TTFT).await) < streams && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let buckets = read(TTFT_VS_PREDICTED).await;
+        Some(ModelError {
+            samples: total(&buckets),
+            p10: quantile(&buckets, 0.10)?,
+            p50: quantile(&buckets, 0.50)?,
+            p90: quantile(&buckets, 0.90)?,
+        })
+    }
+}
+
+/// kvroute's histograms of each stream's time to first token and of the TTFT
+/// model's error (`docs/CONFIG.md`, "Stats").
+const TTFT: &str = "kvroute.ttft_ms";
+const TTFT_VS_PREDICTED: &str = "kvroute.ttft_vs_predicted_percent";
 
 /// Settings shared by every experiment of a comparison.
 #[derive(Debug, Clone)]
@@ -227,6 +278,11 @@ pub async fn run_one(
     for (k, v) in router_stats.iter_mut() {
         *v = v.saturating_sub(stats_before.get(k).copied().unwrap_or(0));
     }
+    let ttft_model = if kvroute {
+        ModelError::read(&gw.replica_admins(), completed as u64).await
+    } else {
+        None
+    };
     drop(gw);
     drop(pods);
 
@@ -308,6 +364,7 @@ pub async fn run_one(
         pod_counters: counters,
         router_stats,
         cost: Some(cost),
+        ttft_model,
         ttft_cdf: cdf(&ttft_samples, 200),
     })
 }
