@@ -132,10 +132,10 @@ impl RunResult {
 
 /// The TTFT model's error over a run: each stream's observed time to first
 /// token as a percentage of its prediction (`kvroute.ttft_vs_predicted_percent`,
-/// the replicas' histograms merged; 100 is exact). The model's own times are wall
+/// the replicas' histograms merged; 100 is exact). The model's times are wall
 /// times: on a time-scaled sim its priors (`scheduling.ttft`) are off by the scale
-/// until it has learnt the pods' rates, so the first ~100 streams per worker read
-/// low.
+/// until it has learnt the pods' rates, so its first predictions read low
+/// (bench/README.md, "How far off the TTFT model is").
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ModelError {
     /// Predicted streams in the histograms.
