@@ -440,7 +440,7 @@ impl HttpContext for RequestFilter {
                     self.answered_at = Some(now);
                 } else {
                     let mut state = self.state.borrow_mut();
-                    state.first_chunk(r, self.first_token(), now);
+                    state.first_chunk(r, self.objective, self.first_token(), now);
                     if self.first_token() && state.config().scheduling.decode_speed {
                         self.streaming = Some((now, 0));
                     }
@@ -463,9 +463,12 @@ impl HttpContext for RequestFilter {
     fn on_log(&mut self) {
         if let Some(at) = self.answered_at {
             if let Some(r) = self.routed.take() {
-                self.state
-                    .borrow_mut()
-                    .answered_and_finished(&r, self.first_token(), at);
+                self.state.borrow_mut().answered_and_finished(
+                    &r,
+                    self.objective,
+                    self.first_token(),
+                    at,
+                );
             }
         }
         if let Some(r) = self.routed.take() {

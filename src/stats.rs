@@ -253,9 +253,9 @@ pub struct Stats {
     /// discovery) must not add series, and entries here, without end.
     endpoints: HashSet<Endpoint>,
     endpoint_limit: usize,
-    /// `[requests, shed]` per listed objective (sorted names), then the
-    /// default (requests naming no listed objective).
-    per_objective: Vec<[Option<u32>; 2]>,
+    /// `[requests, shed, ttft_ms]` per listed objective (sorted names),
+    /// then the default (requests naming no listed objective).
+    per_objective: Vec<[Option<u32>; 3]>,
 }
 
 impl Stats {
@@ -287,13 +287,15 @@ impl Stats {
         }
     }
 
-    /// Defines the per-objective counters (`objectives.priorities` names,
-    /// sorted, then the default bucket), once per VM.
+    /// Defines the per-objective counters and time-to-first-token
+    /// histograms (`objectives.priorities` names, sorted, then the default
+    /// bucket), once per VM.
     pub fn define_objectives<'a>(&mut self, names: impl Iterator<Item = &'a str>) {
         let define = |prefix: String| {
             [
                 define_metric(MetricType::Counter, &format!("{prefix}.requests")).ok(),
                 define_metric(MetricType::Counter, &format!("{prefix}.shed")).ok(),
+                define_metric(MetricType::Histogram, &format!("{prefix}.ttft_ms")).ok(),
             ]
         };
         self.per_objective = names
@@ -305,12 +307,16 @@ impl Stats {
 
     /// Adds one to a counter of objective `index` (`None`: the default).
     pub fn objective_inc(&self, index: Option<usize>, counter: ObjectiveCounter) {
-        let i = index.unwrap_or(self.per_objective.len().saturating_sub(1));
-        if let Some(ids) = self.per_objective.get(i) {
-            if let Some(id) = ids[counter as usize] {
-                let _ = increment_metric(id, 1);
-            }
+        if let Some(id) = self.objective_metric(index, counter as usize) {
+            let _ = increment_metric(id, 1);
         }
+    }
+
+    /// Metric `which` (`ObjectiveCounter`, or 2: the time to first token)
+    /// of objective `index` (`None`: the default), when objectives are set.
+    fn objective_metric(&self, index: Option<usize>, which: usize) -> Option<u32> {
+        let i = index.unwrap_or(self.per_objective.len().saturating_sub(1));
+        *self.per_objective.get(i)?.get(which)?
     }
 
     /// Adds one to a counter.
@@ -360,11 +366,15 @@ impl Stats {
     }
 
     /// Records a stream's time to first token as the gateway saw it (routing
-    /// to the first response chunk, ms) and, when the TTFT model predicted
-    /// it, the observed time as a percentage of the prediction (100: exact;
-    /// at most 100x either way).
-    pub fn first_token(&self, ms: u64, predicted_ms: Option<f64>) {
-        if let Some(id) = self.ttft_ms {
+    /// to the first response chunk, ms), also under its objective (`index`,
+    /// `None`: the default) when objectives are set, and, when the TTFT model
+    /// predicted it, the observed time as a percentage of the prediction
+    /// (100: exact; at most 100x either way).
+    pub fn first_token(&self, ms: u64, objective: Option<usize>, predicted_ms: Option<f64>) {
+        for id in [self.ttft_ms, self.objective_metric(objective, 2)]
+            .into_iter()
+            .flatten()
+        {
             let _ = record_metric(id, ms);
         }
         if let (Some(id), Some(predicted)) = (self.ttft_vs_predicted_percent, predicted_ms) {

@@ -423,24 +423,36 @@ impl VmState {
     /// answered 2xx) and the request has a TTFT prediction, it teaches the
     /// model (a non-streaming answer's first chunk comes with its last
     /// token, and an error answer with no prefill: neither teaches).
-    pub fn first_chunk(&mut self, routed: &Routed, first_token: bool, now_ms: u64) {
+    pub fn first_chunk(
+        &mut self,
+        routed: &Routed,
+        objective: Objective,
+        first_token: bool,
+        now_ms: u64,
+    ) {
         let (endpoint, tokens) = (routed.endpoint, routed.tokens);
         self.store
             .update_inflight(|t| t.first_chunk(endpoint, tokens, now_ms));
-        self.learn_first_byte(routed, first_token, now_ms);
+        self.learn_first_byte(routed, objective, first_token, now_ms);
     }
 
     /// A response whose first chunk was also its last (a non-streaming
     /// answer, or an error body) has ended: the first chunk's and the
     /// end's in-flight updates in one write instead of two (`on_log`
     /// follows the last chunk at once, so nothing is left waiting longer).
-    pub fn answered_and_finished(&mut self, routed: &Routed, first_token: bool, answered_ms: u64) {
+    pub fn answered_and_finished(
+        &mut self,
+        routed: &Routed,
+        objective: Objective,
+        first_token: bool,
+        answered_ms: u64,
+    ) {
         let (endpoint, tokens) = (routed.endpoint, routed.tokens);
         self.store.update_inflight(|t| {
             t.first_chunk(endpoint, tokens, answered_ms);
             t.finish(endpoint, None);
         });
-        self.learn_first_byte(routed, first_token, answered_ms);
+        self.learn_first_byte(routed, objective, first_token, answered_ms);
     }
 
     /// `endpoint` streamed `bytes` of a 2xx answer after its first chunk in
@@ -450,16 +462,22 @@ impl VmState {
     }
 
     /// A stream's first chunk is its time to first token: recorded
-    /// (`kvroute.ttft_ms`, and against its prediction), and it teaches the
-    /// TTFT model (see `first_chunk`).
-    fn learn_first_byte(&mut self, routed: &Routed, first_token: bool, now_ms: u64) {
+    /// (`kvroute.ttft_ms`, under the request's `objective`, and against its
+    /// prediction), and it teaches the TTFT model (see `first_chunk`).
+    fn learn_first_byte(
+        &mut self,
+        routed: &Routed,
+        objective: Objective,
+        first_token: bool,
+        now_ms: u64,
+    ) {
         if !first_token {
             return;
         }
         let ttft_ms = now_ms.saturating_sub(routed.at_ms);
         let prediction = routed.prediction;
         self.stats
-            .first_token(ttft_ms, prediction.map(|p| p.ttft_ms));
+            .first_token(ttft_ms, objective.index, prediction.map(|p| p.ttft_ms));
         if let Some(p) = prediction {
             let work = (p.ahead_tokens + p.uncached_tokens) as u64;
             self.router

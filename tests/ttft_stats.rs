@@ -116,3 +116,35 @@ fn each_stream_s_time_to_first_token_and_its_prediction_error_are_histograms() {
         "learnt predictions off by more than 4x: {first:?} -> {next:?}"
     );
 }
+
+#[test]
+fn with_objectives_each_one_has_its_own_time_to_first_token() {
+    let sim = Sim::start(2, &["--time-scale", "0.01"]);
+    let config = json!({"objectives": {"priorities": {"interactive": 10, "batch": -1}}});
+    let envoy = Envoy::start(&sim.endpoints(), config, 2);
+    let stream = |i: usize, objective: Option<&str>| {
+        let body = json!({"model": MODEL, "max_tokens": 4, "stream": true,
+                          "prompt": format!("objective {i} {}", "lorem ipsum ".repeat(20))});
+        let headers: Vec<(&str, &str)> = objective
+            .map(|o| vec![("x-gateway-inference-objective", o)])
+            .unwrap_or_default();
+        let r = post_raw(
+            &envoy.url("/v1/completions"),
+            "application/json",
+            serde_json::to_vec(&body).unwrap(),
+            &headers,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    };
+    for i in 0..3 {
+        stream(i, Some("interactive"));
+    }
+    // A request naming no listed objective counts under the default.
+    stream(3, None);
+    stream(4, Some("unlisted"));
+    wait_for_count(&envoy, "kvroute_ttft_ms", 5.0);
+    let count = |name: &str| buckets(&envoy, name).last().map_or(0.0, |(_, c)| *c);
+    assert_eq!(count("kvroute_objective_interactive_ttft_ms"), 3.0);
+    assert_eq!(count("kvroute_objective_default_ttft_ms"), 2.0);
+    assert_eq!(count("kvroute_objective_batch_ttft_ms"), 0.0);
+}
