@@ -1,6 +1,7 @@
 //! Every stat kvroute exports, defined once per VM and recorded through typed
 //! functions, so no call site spells a stat name. In Envoy they appear as
-//! `wasmcustom.kvroute.*` (Prometheus: `wasmcustom_kvroute_*`); per-endpoint
+//! `wasmcustom.kvroute.*` (Prometheus: `kvroute_*`, without Envoy's
+//! custom-stat namespace); per-endpoint
 //! stats carry the endpoint in the name (`kvroute.endpoint.<ip>_<port>.*`),
 //! which the Envoy bootstrap's `stats_tags` turns into an `endpoint` label.
 //! Counters add up across VMs; gauges are last-write-wins, so per-endpoint
