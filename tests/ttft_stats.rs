@@ -34,7 +34,12 @@ fn buckets(envoy: &Envoy, name: &str) -> Vec<(f64, f64)> {
 
 /// Samples in `(lo, hi]` (bucket bounds) between two readings.
 fn between(before: &[(f64, f64)], after: &[(f64, f64)], lo: f64, hi: f64) -> f64 {
-    let at = |b: &[(f64, f64)], le: f64| b.iter().find(|(x, _)| *x == le).map_or(0.0, |(_, c)| *c);
+    // Bounds that are not buckets would read as empty: a test that cannot fail.
+    let at = |b: &[(f64, f64)], le: f64| match b.iter().find(|(x, _)| *x == le) {
+        Some((_, c)) => *c,
+        None if le == 0.0 || b.is_empty() => 0.0,
+        None => panic!("no bucket le={le} in {b:?}"),
+    };
     (at(after, hi) - at(before, hi)) - (at(after, lo) - at(before, lo))
 }
 
@@ -90,8 +95,9 @@ fn each_stream_s_time_to_first_token_and_its_prediction_error_are_histograms() {
     );
     assert_eq!(r.status, 200);
     let ttft = wait_for_count(&envoy, TTFT, 12.0);
-    // All 12 at 300 ms or more, none later than the client saw it.
-    assert_eq!(between(&[], &ttft, 0.0, 250.0), 0.0, "{ttft:?}");
+    // All 12 at 300 ms or more (buckets: `envoy/kvroute.yaml.tmpl`), none
+    // later than the client saw it.
+    assert_eq!(between(&[], &ttft, 0.0, 200.0), 0.0, "{ttft:?}");
     let upper = ttft
         .iter()
         .find(|(le, _)| *le >= slowest.as_millis() as f64)
