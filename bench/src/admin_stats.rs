@@ -7,7 +7,7 @@
 //! callers that need them all wait for a flush (see `crate::gateway_cost`).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -100,6 +100,34 @@ pub async fn histogram(admin: &str, filter: &str, suffix: &str) -> Vec<Bucket> {
         return Vec::new();
     };
     parse_histogram(&text, suffix)
+}
+
+/// The histograms named `*suffix` of every Envoy in `admins`, merged.
+pub async fn merged_histogram(admins: &[&str], filter: &str, suffix: &str) -> Vec<Bucket> {
+    let mut buckets = Vec::new();
+    for admin in admins {
+        buckets.extend(histogram(admin, filter, suffix).await);
+    }
+    buckets
+}
+
+/// [`merged_histogram`] once Envoy's stats flush (every 5 s) has caught up
+/// with `samples` samples, or after `within`.
+pub async fn flushed_histogram(
+    admins: &[&str],
+    filter: &str,
+    suffix: &str,
+    samples: u64,
+    within: Duration,
+) -> Vec<Bucket> {
+    let deadline = Instant::now() + within;
+    loop {
+        let buckets = merged_histogram(admins, filter, suffix).await;
+        if total(&buckets) >= samples || Instant::now() >= deadline {
+            return buckets;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The buckets of the histogram named `*suffix` in an admin JSON answer.

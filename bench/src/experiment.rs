@@ -11,7 +11,7 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::admin_stats::{histogram, quantile, total};
+use crate::admin_stats::{flushed_histogram, merged_histogram, quantile, total};
 use crate::engine::{EngineArgs, Pods};
 use crate::gateway::{start_gateway, Arm};
 use crate::gateway_cost::{kvroute_counters, CostProbe, GatewayCost};
@@ -151,18 +151,9 @@ impl ModelError {
     /// caught up with the run's `streams` (`kvroute.ttft_ms` holds them all), or
     /// after 6 s; `None` without samples.
     async fn read(admins: &[&str], streams: u64) -> Option<ModelError> {
-        let read = |name: &'static str| async move {
-            let mut buckets = Vec::new();
-            for admin in admins {
-                buckets.extend(histogram(admin, "kvroute\\.ttft_", name).await);
-            }
-            buckets
-        };
-        let deadline = Instant::now() + Duration::from_secs(6);
-        while total(&read(TTFT).await) < streams && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        let buckets = read(TTFT_VS_PREDICTED).await;
+        let filter = "kvroute\\.ttft_";
+        flushed_histogram(admins, filter, TTFT, streams, Duration::from_secs(6)).await;
+        let buckets = merged_histogram(admins, filter, TTFT_VS_PREDICTED).await;
         Some(ModelError {
             samples: total(&buckets),
             p10: quantile(&buckets, 0.10)?,

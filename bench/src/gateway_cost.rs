@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::admin_stats::{counters, histogram, quantile, total, Bucket};
+use crate::admin_stats::{counters, flushed_histogram, quantile, total};
 use crate::gateway::Gateway;
 
 /// Clock ticks per second of `/proc/<pid>/stat` (USER_HZ, 100 on Linux).
@@ -170,18 +170,14 @@ async fn lag(admins: &[&str]) -> Option<Lag> {
     for admin in admins {
         learned += peer_counter(admin, PEER_LEARNED).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(6);
-    let mut buckets: Vec<Bucket>;
-    loop {
-        buckets = Vec::new();
-        for admin in admins {
-            buckets.extend(histogram(admin, r"peer\.lag_ms", PEER_LAG).await);
-        }
-        if total(&buckets) >= learned || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let buckets = flushed_histogram(
+        admins,
+        r"peer\.lag_ms",
+        PEER_LAG,
+        learned,
+        Duration::from_secs(6),
+    )
+    .await;
     Some(Lag {
         p50: quantile(&buckets, 0.50)?,
         p99: quantile(&buckets, 0.99)?,
