@@ -20,7 +20,7 @@
 //! prefix weight at least the sum of the load weights would keep a fully
 //! matched endpoint winning and make the gate inert. Weights of 0 skip a
 //! scorer in either profile. Two cost checks, on by default, price a pick
-//! of either profile with the TTFT model (`router.rs`, `check_by_cost`):
+//! of either profile with the TTFT model (`router/cost.rs`, `check_by_cost`):
 //! `scheduling.keep_cheaper_holder` keeps the prefix's holder when a load
 //! pick would prefill most of the prompt again, and
 //! `scheduling.leave_costlier_holder` leaves a holder whose queue or decode
