@@ -354,12 +354,17 @@ impl KvRouteRoot {
         let lists = state.router.models().lists();
         // Endpoints answering again after leaving the candidate set.
         let mut back = Vec::new();
+        // Engines whose prompt-token counter went down: restarted.
+        let mut restarted = Vec::new();
         let states = state.store.update_endpoint_states(|t| {
             t.retain(&pool);
             back.clear();
+            restarted.clear();
             for &(endpoint, outcome, at) in &answers {
                 let was = t.healthy(endpoint, threshold);
-                t.record(endpoint, outcome, at);
+                if t.record(endpoint, outcome, at) {
+                    restarted.push(endpoint);
+                }
                 // Maybe restarted with other models (or without the adapters
                 // loaded at run time): it serves no listed model until its
                 // list is read again, on the next tick.
@@ -377,6 +382,10 @@ impl KvRouteRoot {
                 }
             }
         });
+        for endpoint in restarted {
+            state.stats.inc(Counter::EngineRestarts);
+            warn!("kvroute: the engine at {endpoint} restarted (its prompt-token counter went down); every worker forgets the prefixes it cached");
+        }
         for (endpoint, outcome, _) in &listings {
             match outcome {
                 ListingOutcome::Listed { truncated, .. } => {

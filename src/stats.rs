@@ -54,6 +54,9 @@ pub enum Counter {
     /// slower than the fleet's fastest (`scheduling.decode_speed`; also
     /// counted under their reason).
     DecisionMovedByDecode,
+    /// Engine restarts seen by the scraper (an endpoint's prompt-token
+    /// counter went down): the prefix index forgets what it held there.
+    EngineRestarts,
     /// Successful `/metrics` scrapes.
     ScrapeSuccess,
     /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
@@ -116,7 +119,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 42] = [
+const COUNTERS: [(Counter, &str); 43] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -142,6 +145,7 @@ const COUNTERS: [(Counter, &str); 42] = [
         Counter::DecisionMovedByDecode,
         "kvroute.decision.moved_by_decode",
     ),
+    (Counter::EngineRestarts, "kvroute.engine_restarts"),
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),

@@ -260,7 +260,9 @@ impl VmState {
         }
         self.states = self.store.endpoint_states();
         self.outliers = self.store.outliers();
-        self.router.observe(&self.states);
+        for endpoint in self.router.observe(&self.states) {
+            debug!("kvroute: the engine at {endpoint} restarted: its prefixes are forgotten");
+        }
         if self.routes {
             self.replay_log();
             self.apply_deferred(None);

@@ -79,6 +79,15 @@ fn request(stream: bool, max_tokens: u32) -> Value {
     json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream})
 }
 
+/// A 4-token completion of `prompt` through kvroute: the status and the
+/// debug header.
+fn ask_prompt(envoy: &Envoy, prompt: &str) -> (u16, String) {
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 4});
+    let r = try_post_json(&envoy.url("/v1/completions"), &body).expect("envoy answered");
+    let debug = r.header("x-kvroute-debug").unwrap_or("").to_string();
+    (r.status, debug)
+}
+
 fn send(port: u16, stream: bool, max_tokens: u32, t0: Instant) -> Outcome {
     send_body(port, &request(stream, max_tokens), stream, t0)
 }
@@ -506,6 +515,62 @@ fn pod_restarted_on_the_same_port_gets_traffic_again() {
 }
 
 #[test]
+fn an_engine_restarted_on_the_same_port_is_not_sent_prompts_by_the_cache_it_lost() {
+    let mut sims = pods(2, &["--time-scale", "0.1"]);
+    let envoy = Envoy::start(&endpoints(&sims), config(json!({})), 2);
+    warm_up(&envoy);
+    let ask = |prompt: &str| {
+        let (status, debug) = ask_prompt(&envoy, prompt);
+        assert_eq!(status, 200, "{debug}");
+        debug
+    };
+    let chosen = |debug: &str| debug.split(';').next().unwrap_or("").to_string();
+    // A document, and a question on it: the question follows the document.
+    let doc = format!("document: {}", "lorem ipsum dolor sit amet ".repeat(200));
+    let holder = chosen(&ask(&doc));
+    let debug = ask(&format!("{doc} question 1"));
+    assert!(
+        debug.starts_with(&holder) && debug.contains("reason=Prefix"),
+        "{debug}"
+    );
+    // The holder's engine restarts on the same port: its prefix cache is
+    // empty and its counters start from zero.
+    let i = endpoints(&sims)
+        .iter()
+        .position(|e| holder == format!("endpoint={e}"))
+        .expect("the holder is a pod");
+    let port = sims[i].base_port;
+    // kvroute reads the counter every 50 ms: let it see what these prompts
+    // added (a restart is noticed as the counter going down from the last
+    // value read).
+    std::thread::sleep(Duration::from_millis(300));
+    sims[i].kill();
+    sims[i] = Sim::start_at(port, 1, &["--time-scale", "0.1"]);
+    let t0 = Instant::now();
+    while envoy.stat("wasmcustom.kvroute.engine_restarts") < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the restart was not noticed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every worker forgets on its next tick (50 ms).
+    std::thread::sleep(Duration::from_millis(200));
+    // No pod holds the document any more: the next question is placed as
+    // a new prompt, not sent back by a prefix the engine lost.
+    for q in 2..6 {
+        let debug = ask(&format!("{doc} question {q}"));
+        if q == 2 {
+            assert!(debug.contains("reason=Cold"), "{debug}");
+        } else {
+            // ... and the pod it went to is its holder from then on.
+            assert!(debug.contains("reason=Prefix"), "{debug}");
+        }
+    }
+    assert_eq!(envoy.stat("wasmcustom.kvroute.engine_restarts"), 1.0);
+}
+
+#[test]
 fn all_pods_down_fail_fast_and_recover_when_back() {
     let mut sims = pods(3, &["--time-scale", "0.1"]);
     let ports: Vec<u16> = sims.iter().map(|s| s.base_port).collect();
@@ -657,13 +722,7 @@ fn a_prompt_a_pod_refused_is_not_sent_back_there_by_its_prefix() {
     let small = format!("endpoint={};", sims[0].endpoint(0));
     let envoy = Envoy::start(&endpoints(&sims), config(json!({})), 4);
     warm_up(&envoy);
-    let url = envoy.url("/v1/completions");
-    let ask = |prompt: &str| {
-        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 4});
-        let r = try_post_json(&url, &body).expect("envoy answered");
-        let debug = r.header("x-kvroute-debug").unwrap_or("").to_string();
-        (r.status, debug)
-    };
+    let ask = |prompt: &str| ask_prompt(&envoy, prompt);
     // Long prompts, each retried by its client until answered: ~1400 tokens,
     // and ~5600 for the second refusal (over 64 blocks, a record the index
     // puts off: unlearning it must not let it come back).

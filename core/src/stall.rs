@@ -136,7 +136,7 @@ mod tests {
         for (i, at) in answered.iter().enumerate() {
             states.record(
                 pool[i],
-                ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
+                ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
                 *at,
             );
         }
@@ -241,7 +241,7 @@ mod tests {
         for (e, at) in pool.iter().zip([now - 520, now - 30, now - 200]) {
             states.record(
                 *e,
-                ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
+                ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
                 at,
             );
         }

@@ -40,12 +40,33 @@ pub fn read_snapshot(text: &str, cfg: &MetricsConfig) -> Result<MetricsSnapshot,
     profile::read(text, cfg).map(|(s, _)| s)
 }
 
-/// [`read_snapshot`], with the LoRA adapters the scrape lists (`lora.rs`).
-pub fn read_snapshot_with_lora(
-    text: &str,
-    cfg: &MetricsConfig,
-) -> Result<(MetricsSnapshot, Option<lora::LoraSnapshot>), MetricsError> {
-    profile::read_with_lora(text, cfg).map(|(s, l, _)| (s, l))
+/// What one readable scrape says: the load figures, and beside them what
+/// is not load.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Reading {
+    /// The load figures.
+    pub snapshot: MetricsSnapshot,
+    /// The LoRA adapters the engine lists (`lora.rs`), when it reports them.
+    pub lora: Option<lora::LoraSnapshot>,
+    /// The engine's count of prompt tokens processed since it started
+    /// (summed over series), when it reports one: a value below the last
+    /// one read means the engine restarted, and its prefix cache with it
+    /// (`shared::endpoint_state`).
+    pub prompt_tokens_total: Option<f64>,
+}
+
+impl From<MetricsSnapshot> for Reading {
+    fn from(snapshot: MetricsSnapshot) -> Self {
+        Reading {
+            snapshot,
+            ..Reading::default()
+        }
+    }
+}
+
+/// [`read_snapshot`], with the rest of the scrape ([`Reading`]).
+pub fn read_scrape(text: &str, cfg: &MetricsConfig) -> Result<Reading, MetricsError> {
+    profile::read_all(text, cfg).map(|(r, _)| r)
 }
 
 #[cfg(test)]

@@ -10,6 +10,10 @@
 //! | `kv_usage` | `vllm:kv_cache_usage_perc`, else `vllm:gpu_cache_usage_perc` (V0 / early V1) | `sglang:token_usage` | `trtllm_kv_cache_utilization` | `llamacpp:kv_cache_usage_ratio` (servers before mid-2025; current ones have none) |
 //! | `kv_capacity_tokens` | `vllm:cache_config_info` labels `block_size` x `num_gpu_blocks` | - | - | - |
 //! | `lora` | `vllm:lora_requests_info` labels (the sample with the largest value: `metrics/lora.rs`) | - | - | - |
+//! | `prompt_tokens_total` | `vllm:prompt_tokens_total` | `sglang:prompt_tokens_total` | - | `llamacpp:prompt_tokens_total` |
+//!
+//! `prompt_tokens_total` is not load: a counter that only a restart of the
+//! engine (which empties its prefix cache) takes down (`Reading`).
 //!
 //! llama.cpp: `requests_deferred` are requests waiting for a free slot (the
 //! queue), `requests_processing` the busy slots. A current `llama-server`
@@ -39,7 +43,7 @@
 
 use super::exposition::parse_filtered;
 use super::lora::LoraSnapshot;
-use super::{MetricsError, MetricsSnapshot};
+use super::{MetricsError, MetricsSnapshot, Reading};
 use crate::config::{Engine, MetricsConfig};
 
 /// The metric names one engine exposes (borrowed: built-ins are `'static`,
@@ -61,6 +65,8 @@ pub struct NameProfile<'a> {
     /// Gauge with `running_lora_adapters`, `waiting_lora_adapters` and
     /// `max_lora` labels (`lora.rs`).
     pub lora_info: Option<&'a str>,
+    /// Counter of prompt tokens processed since the engine started.
+    pub prompt_tokens: Option<&'a str>,
 }
 
 /// vLLM (V0 and V1 engines).
@@ -75,6 +81,7 @@ pub const VLLM: NameProfile<'static> = NameProfile {
     kv_usage_scale: 1.0,
     cache_config: Some("vllm:cache_config_info"),
     lora_info: Some("vllm:lora_requests_info"),
+    prompt_tokens: Some("vllm:prompt_tokens_total"),
 };
 
 /// SGLang.
@@ -86,6 +93,7 @@ pub const SGLANG: NameProfile<'static> = NameProfile {
     kv_usage_scale: 1.0,
     cache_config: None,
     lora_info: None,
+    prompt_tokens: Some("sglang:prompt_tokens_total"),
 };
 
 /// TensorRT-LLM's `trtllm-serve`.
@@ -97,6 +105,7 @@ pub const TRTLLM: NameProfile<'static> = NameProfile {
     kv_usage_scale: 1.0,
     cache_config: None,
     lora_info: None,
+    prompt_tokens: None,
 };
 
 /// llama.cpp's `llama-server --metrics`.
@@ -108,6 +117,7 @@ pub const LLAMACPP: NameProfile<'static> = NameProfile {
     kv_usage_scale: 1.0,
     cache_config: None,
     lora_info: None,
+    prompt_tokens: Some("llamacpp:prompt_tokens_total"),
 };
 
 impl<'a> NameProfile<'a> {
@@ -136,6 +146,7 @@ impl<'a> NameProfile<'a> {
             kv_usage_scale: n.kv_usage_scale.unwrap_or(self.kv_usage_scale),
             cache_config: self.cache_config,
             lora_info: self.lora_info,
+            prompt_tokens: self.prompt_tokens,
         }
     }
 
@@ -154,6 +165,7 @@ impl<'a> NameProfile<'a> {
                 kv_usage_scale: 1.0,
                 cache_config: None,
                 lora_info: None,
+                prompt_tokens: None,
             }
             .with_overrides(cfg)],
             e => vec![NameProfile::builtin(e).unwrap_or(VLLM).with_overrides(cfg)],
@@ -191,20 +203,23 @@ impl Acc {
 /// Reads a scrape with the configured profile(s); see the module comment.
 /// Returns the snapshot and the engine whose names were used.
 pub fn read(text: &str, cfg: &MetricsConfig) -> Result<(MetricsSnapshot, Engine), MetricsError> {
-    read_with_lora(text, cfg).map(|(s, _, e)| (s, e))
+    read_all(text, cfg).map(|(r, e)| (r.snapshot, e))
 }
 
-/// [`read`], with the LoRA adapters the scrape lists (when the engine's
-/// profile reads them and the scrape has them).
-pub fn read_with_lora(
-    text: &str,
-    cfg: &MetricsConfig,
-) -> Result<(MetricsSnapshot, Option<LoraSnapshot>, Engine), MetricsError> {
+/// [`read`], with what else the scrape says (`Reading`: the LoRA adapters
+/// and the prompt-token counter, when the engine's profile reads them and
+/// the scrape has them).
+pub fn read_all(text: &str, cfg: &MetricsConfig) -> Result<(Reading, Engine), MetricsError> {
     let profiles = NameProfile::for_config(cfg);
     // Distinct wanted names; a slot per name.
     let mut names: Vec<&str> = Vec::with_capacity(16);
     for p in &profiles {
-        for n in p.load_names().chain(p.cache_config).chain(p.lora_info) {
+        for n in p
+            .load_names()
+            .chain(p.cache_config)
+            .chain(p.lora_info)
+            .chain(p.prompt_tokens)
+        {
             if !names.contains(&n) {
                 names.push(n);
             }
@@ -280,13 +295,16 @@ pub fn read_with_lora(
         None
     };
     Ok((
-        MetricsSnapshot {
-            waiting: count(p.waiting),
-            running: count(p.running),
-            kv_usage,
-            kv_capacity_tokens,
+        Reading {
+            snapshot: MetricsSnapshot {
+                waiting: count(p.waiting),
+                running: count(p.running),
+                kv_usage,
+                kv_capacity_tokens,
+            },
+            lora: lora.filter(|_| p.lora_info.is_some()).map(|(_, l)| l),
+            prompt_tokens_total: acc(p.prompt_tokens).total().filter(|v| v.is_finite()),
         },
-        lora.filter(|_| p.lora_info.is_some()).map(|(_, l)| l),
         p.engine,
     ))
 }
@@ -318,6 +336,30 @@ mod tests {
             kv_usage: kv,
             kv_capacity_tokens: cap,
         }
+    }
+
+    #[test]
+    fn the_prompt_token_counter_of_each_engine() {
+        let total =
+            |text: &str, engine| read_all(text, &cfg(engine)).unwrap().0.prompt_tokens_total;
+        let vllm = fixture!("vllm-0.29.0-v1-qwen2.5-1.5b-inferstack.txt");
+        assert_eq!(total(vllm, Engine::Auto), Some(530.0));
+        let sglang = fixture!("sglang-docs-production-metrics-llama3.1-8b.txt");
+        assert_eq!(total(sglang, Engine::Sglang), Some(8.128902e6));
+        let llamacpp = fixture!("llamacpp-11434-smollm2-after-3-requests.txt");
+        assert_eq!(total(llamacpp, Engine::Auto), Some(1249.0));
+        // Summed over series (data-parallel ranks); NaN samples skipped.
+        let text = "sglang:num_queue_reqs 0\n\
+                    sglang:prompt_tokens_total{dp_rank=\"0\"} 3\n\
+                    sglang:prompt_tokens_total{dp_rank=\"1\"} NaN\n\
+                    sglang:prompt_tokens_total{dp_rank=\"2\"} 4\n";
+        assert_eq!(total(text, Engine::Auto), Some(7.0));
+        // Not reported (TensorRT-LLM, or a scrape without it), or not the
+        // chosen engine's: none.
+        assert_eq!(total("trtllm_num_requests_waiting 1\n", Engine::Auto), None);
+        assert_eq!(total("vllm:num_requests_waiting 1\n", Engine::Auto), None);
+        let text = "vllm:num_requests_waiting 1\nsglang:prompt_tokens_total 9\n";
+        assert_eq!(total(text, Engine::Auto), None);
     }
 
     #[test]
@@ -492,7 +534,7 @@ mod tests {
                     vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"alpaca\",waiting_lora_adapters=\"underdog\"} 1.789828498802105e+09\n\
                     vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"underdog\",waiting_lora_adapters=\"\"} 1.7898284e+09\n\
                     vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 1.0\n";
-        let (_, lora, engine) = read_with_lora(text, &cfg(Engine::Auto)).unwrap();
+        let (Reading { lora, .. }, engine) = read_all(text, &cfg(Engine::Auto)).unwrap();
         assert_eq!(engine, Engine::Vllm);
         let lora = lora.expect("lora state");
         assert!(lora.running(adapter_id("alpaca")));
@@ -500,12 +542,12 @@ mod tests {
         assert!(!lora.running(adapter_id("underdog")), "an older sample");
         assert_eq!(lora.max_lora, 2);
         // Engines without the gauge, or vLLM without LoRA: none.
-        let (_, lora, _) =
-            read_with_lora("vllm:num_requests_waiting 1\n", &cfg(Engine::Auto)).unwrap();
+        let (Reading { lora, .. }, _) =
+            read_all("vllm:num_requests_waiting 1\n", &cfg(Engine::Auto)).unwrap();
         assert_eq!(lora, None);
         let text =
             "sglang:num_queue_reqs 1\nvllm:lora_requests_info{running_lora_adapters=\"a\"} 1\n";
-        let (_, lora, engine) = read_with_lora(text, &cfg(Engine::Auto)).unwrap();
+        let (Reading { lora, .. }, engine) = read_all(text, &cfg(Engine::Auto)).unwrap();
         assert_eq!((engine, lora), (Engine::Sglang, None));
     }
 
@@ -519,7 +561,7 @@ mod tests {
             include_str!("../../../tests/fixtures/metrics/vllm-0.29.0-cpu-smollm2-lora-requests-info-line.txt"),
         ]
         .concat();
-        let (_, lora, engine) = read_with_lora(&text, &cfg(Engine::Auto)).unwrap();
+        let (Reading { lora, .. }, engine) = read_all(&text, &cfg(Engine::Auto)).unwrap();
         assert_eq!(engine, Engine::Vllm);
         let lora = lora.expect("lora state");
         assert_eq!(

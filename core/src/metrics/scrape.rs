@@ -7,16 +7,14 @@
 //! answers itself when it cannot connect) counts toward
 //! `metrics.unhealthy_after_failures`.
 
-use super::lora::LoraSnapshot;
-use super::{read_snapshot_with_lora, MetricsSnapshot};
+use super::{read_scrape, Reading};
 use crate::config::MetricsConfig;
 
 /// The meaning of one scrape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ScrapeOutcome {
-    /// Load figures read, and the LoRA adapters listed (when the engine
-    /// reports them).
-    Snapshot(MetricsSnapshot, Option<LoraSnapshot>),
+    /// Load figures read, with the rest of the scrape ([`Reading`]).
+    Snapshot(Reading),
     /// The endpoint answered, but not with readable metrics.
     Unreadable,
     /// No answer, a timeout, or a server error.
@@ -28,8 +26,8 @@ pub enum ScrapeOutcome {
 pub fn classify(status: Option<u16>, body: &[u8], cfg: &MetricsConfig) -> ScrapeOutcome {
     match status {
         Some(200) => match std::str::from_utf8(body) {
-            Ok(text) => read_snapshot_with_lora(text, cfg)
-                .map(|(s, l)| ScrapeOutcome::Snapshot(s, l))
+            Ok(text) => read_scrape(text, cfg)
+                .map(ScrapeOutcome::Snapshot)
                 .unwrap_or(ScrapeOutcome::Unreadable),
             Err(_) => ScrapeOutcome::Unreadable,
         },
@@ -61,8 +59,8 @@ mod tests {
         ];
         for (status, body, want) in cases {
             let got = match classify(status, body, &cfg) {
-                ScrapeOutcome::Snapshot(s, _) => {
-                    assert_eq!((s.waiting, s.running), (2.0, 1.0));
+                ScrapeOutcome::Snapshot(r) => {
+                    assert_eq!((r.snapshot.waiting, r.snapshot.running), (2.0, 1.0));
                     "snapshot"
                 }
                 ScrapeOutcome::Unreadable => "unreadable",

@@ -199,6 +199,17 @@ impl PrefixIndex {
         }
     }
 
+    /// Forgets every block (and leaf) `endpoint` holds, keeping its
+    /// capacity: its engine restarted with an empty prefix cache.
+    pub fn clear(&mut self, endpoint: Endpoint) {
+        let Some(s) = self.slot(endpoint) else {
+            return;
+        };
+        while self.slots[s as usize].len > 0 {
+            self.evict_lru(s);
+        }
+    }
+
     /// For each endpoint holding block 0, the number of leading blocks of
     /// `blocks` it holds. Endpoints with no match are absent. Sorted by
     /// matched blocks (most first), then endpoint.

@@ -40,6 +40,8 @@ pub struct Router {
     /// fifth of the decision time at 1024 endpoints.
     last_picked: Vec<Option<u64>>,
     capacity: HashMap<Endpoint, usize>,
+    /// Each pool member's engine restarts as last observed.
+    restarts: HashMap<Endpoint, u32>,
     ttft: TtftModel,
     decode: DecodeSpeed,
     models: ModelPools,
@@ -54,6 +56,7 @@ impl Router {
             pool: Vec::new(),
             last_picked: Vec::new(),
             capacity: HashMap::new(),
+            restarts: HashMap::new(),
             ttft: TtftModel::new(&config.scheduling.ttft),
             decode: DecodeSpeed::new(config.scheduling.ttft.learning_rate),
             models: ModelPools::new(&config.models),
@@ -150,31 +153,46 @@ impl Router {
             })
             .collect();
         self.capacity.retain(|e, _| pool.binary_search(e).is_ok());
+        self.restarts.retain(|e, _| pool.binary_search(e).is_ok());
         self.ttft.retain(&pool);
         self.decode.retain(&pool);
         self.pool = pool;
     }
 
-    /// Follows the KV-cache capacity endpoints report (`block_size x
-    /// num_gpu_blocks`) when `prefix.follow_engine_capacity` is on.
-    pub fn observe(&mut self, states: &EndpointStates) {
-        if !self.config.prefix.follow_engine_capacity {
-            return;
-        }
+    /// Follows what the scrape states say of each endpoint's prefix cache:
+    /// its restarts (an engine that restarted holds no prefix, so the index
+    /// forgets what it held there: its conversations go where their
+    /// prefixes still are, or are placed by load, instead of all following
+    /// the index back to an empty cache), and, when
+    /// `prefix.follow_engine_capacity` is on, the capacity it reports
+    /// (`block_size x num_gpu_blocks`). Returns the endpoints forgotten.
+    pub fn observe(&mut self, states: &EndpointStates) -> Vec<Endpoint> {
+        let follow = self.config.prefix.follow_engine_capacity;
+        let mut forgotten = Vec::new();
         for (endpoint, state) in &states.entries {
+            // The pool is sorted: a linear `contains` made every tick
+            // quadratic in the pool.
+            if self.pool.binary_search(endpoint).is_err() {
+                continue;
+            }
+            // First sight counts as the current count: a VM started after a
+            // restart has nothing to forget.
+            let seen = self.restarts.entry(*endpoint).or_insert(state.restarts);
+            if *seen != state.restarts {
+                *seen = state.restarts;
+                self.index.clear(*endpoint);
+                forgotten.push(*endpoint);
+            }
             let Some(tokens) = state.snapshot.and_then(|s| s.kv_capacity_tokens) else {
                 continue;
             };
             let blocks = (tokens as usize / self.config.prefix.block_tokens).max(1);
-            // The pool is sorted: a linear `contains` made every tick
-            // quadratic in the pool.
-            if self.pool.binary_search(endpoint).is_ok()
-                && self.capacity.get(endpoint) != Some(&blocks)
-            {
+            if follow && self.capacity.get(endpoint) != Some(&blocks) {
                 self.capacity.insert(*endpoint, blocks);
                 self.index.set_capacity(*endpoint, blocks);
             }
         }
+        forgotten
     }
 
     /// Pool endpoints stalled at `now_ms` (see [`crate::stall`]).
@@ -817,6 +835,59 @@ mod tests {
         assert!(r.shed(batch, a, &states, &none, 1_000));
         assert!(!r.shed(Objective::DEFAULT, a, &states, &none, 1_000));
         assert!(!r.shed(batch, b, &states, &none, 1_000));
+    }
+
+    #[test]
+    fn an_engine_that_restarted_is_forgotten_and_its_prompts_go_where_their_prefix_is() {
+        use crate::metrics::scrape::ScrapeOutcome;
+        use crate::metrics::Reading;
+        let mut r = router(2);
+        let mut states = idle_states(&r, 0);
+        let scrape = |states: &mut EndpointStates, e: Endpoint, tokens: f64| {
+            let reading = Reading {
+                prompt_tokens_total: Some(tokens),
+                ..Reading::default()
+            };
+            states.record(e, ScrapeOutcome::Snapshot(reading), 1)
+        };
+        let doc: Vec<u64> = (1..=8).collect();
+        r.learn(ep(1), &doc, 0);
+        r.learn(ep(2), &doc[..4], 0);
+        let decide = |r: &Router, states: &EndpointStates| {
+            let mut rng = fastrand::Rng::with_seed(1);
+            let load = |_: &Endpoint| InFlight::default();
+            let d = r.decide(
+                &doc,
+                512,
+                states,
+                &OutlierTable::default(),
+                load,
+                1,
+                &mut rng,
+            );
+            d.map(|d| (d.endpoint, d.reason)).unwrap()
+        };
+        assert_eq!(decide(&r, &states), (ep(1), Reason::Prefix));
+        // The counters grow: nothing to forget.
+        for tokens in [100.0, 900.0] {
+            assert!(!scrape(&mut states, ep(1), tokens));
+            scrape(&mut states, ep(2), tokens);
+            assert_eq!(r.observe(&states), Vec::<Endpoint>::new());
+        }
+        assert_eq!(r.indexed_blocks(ep(1)), 8);
+        // Endpoint 1's counter starts over: it restarted.
+        assert!(scrape(&mut states, ep(1), 12.0));
+        assert_eq!(r.observe(&states), vec![ep(1)]);
+        assert_eq!((r.indexed_blocks(ep(1)), r.indexed_blocks(ep(2))), (0, 4));
+        assert_eq!(r.observe(&states), Vec::<Endpoint>::new(), "once");
+        // The prompt goes to the endpoint still holding half of it.
+        assert_eq!(decide(&r, &states), (ep(2), Reason::Prefix));
+        // A router that first sees the count after the restart (a VM
+        // started since) has nothing to forget.
+        let mut fresh = router(2);
+        fresh.learn(ep(1), &doc, 0);
+        assert_eq!(fresh.observe(&states), Vec::<Endpoint>::new());
+        assert_eq!(fresh.indexed_blocks(ep(1)), 8);
     }
 
     #[test]

@@ -35,6 +35,16 @@ pub struct ScrapeState {
     /// `None` until it has answered one readable list.
     #[serde(default)]
     pub served: Option<ServedModels>,
+    /// The engine's prompt-token counter at the last scrape that had one
+    /// (`metrics::Reading`).
+    #[serde(default)]
+    pub prompt_tokens_total: Option<f64>,
+    /// Restarts of the engine seen (its prompt-token counter went down):
+    /// each one emptied its prefix cache. Every worker's router forgets
+    /// what its index holds for the endpoint when this changes
+    /// (`Router::observe`).
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 impl ScrapeState {
@@ -176,13 +186,32 @@ impl EndpointStates {
         self.entry(endpoint).served = Some(served);
     }
 
-    /// Records one scrape's outcome.
-    pub fn record(&mut self, endpoint: Endpoint, outcome: ScrapeOutcome, now_ms: u64) {
+    /// Records one scrape's outcome. Returns whether it shows the engine
+    /// restarted since the last readable scrape: its prompt-token counter
+    /// is below the last value read (a counter only a restart takes down;
+    /// an engine that stops reporting it, or starts, is no news).
+    pub fn record(&mut self, endpoint: Endpoint, outcome: ScrapeOutcome, now_ms: u64) -> bool {
         match outcome {
-            ScrapeOutcome::Snapshot(s, lora) => self.succeed_with_lora(endpoint, s, lora, now_ms),
-            ScrapeOutcome::Unreadable => self.reachable(endpoint, now_ms),
+            ScrapeOutcome::Snapshot(r) => {
+                self.succeed_with_lora(endpoint, r.snapshot, r.lora, now_ms);
+                let s = self.entry(endpoint);
+                let Some(now) = r.prompt_tokens_total else {
+                    return false;
+                };
+                let restarted = s.prompt_tokens_total.is_some_and(|before| now < before);
+                s.prompt_tokens_total = Some(now);
+                if restarted {
+                    s.restarts = s.restarts.wrapping_add(1);
+                }
+                restarted
+            }
+            ScrapeOutcome::Unreadable => {
+                self.reachable(endpoint, now_ms);
+                false
+            }
             ScrapeOutcome::Unreachable => {
                 self.fail(endpoint);
+                false
             }
         }
     }
@@ -214,16 +243,18 @@ impl EndpointStates {
     /// Binary encoding: every worker decodes it on every tick, and the
     /// scraper rewrites it once per batch of answers, so at 1024 endpoints
     /// its size and decoding cost matter (JSON was ~170 bytes per endpoint,
-    /// this is 36-74). Layout (little endian): `KVES`, version, entry count
+    /// this is 36-86). Layout (little endian): `KVES`, version, entry count
     /// (u16), then per entry the endpoint (4 + 4 bytes or 6 + 16 bytes, then
     /// the port), `scraped_at_ms` (u64), `answered_at_ms` (u64), `failures`
     /// (u32), a flag byte (bit 0: snapshot, 1: kv_usage, 2: kv_capacity_tokens,
-    /// 3: lora, 4: served) and the snapshot's fields present; `lora` (the
+    /// 3: lora, 4: served, 5: prompt_tokens_total, 6: restarts) and the
+    /// snapshot's fields present; `lora` (the
     /// state's, written only with a snapshot) is its
     /// three counts (u16) and the listed adapter ids (u32 each, running then
     /// waiting, as many as the counts capped at [`MAX_LISTED`]); `served`
     /// (after the snapshot) is `listed_at_ms` (u64), a count (u8, at most
-    /// [`MAX_IDS`]) and the sorted model ids (u32 each).
+    /// [`MAX_IDS`]) and the sorted model ids (u32 each); then
+    /// `prompt_tokens_total` (f64) and `restarts` (u32, written when not 0).
     pub fn encode(&self) -> Vec<u8> {
         let n = self.entries.len().min(u16::MAX as usize);
         let mut out = Vec::with_capacity(7 + n * 64);
@@ -235,10 +266,13 @@ impl EndpointStates {
             out.extend_from_slice(&s.scraped_at_ms.to_le_bytes());
             out.extend_from_slice(&s.answered_at_ms.to_le_bytes());
             out.extend_from_slice(&s.failures.to_le_bytes());
-            let served = u8::from(s.served.is_some()) << 4;
+            // The flags that do not depend on a snapshot.
+            let own = u8::from(s.served.is_some()) << 4
+                | u8::from(s.prompt_tokens_total.is_some()) << 5
+                | u8::from(s.restarts != 0) << 6;
             let Some(snap) = s.snapshot else {
-                out.push(served);
-                encode_served(s.served.as_ref(), &mut out);
+                out.push(own);
+                encode_own(s, &mut out);
                 continue;
             };
             // Destructured so that a new snapshot field fails to compile here
@@ -254,7 +288,7 @@ impl EndpointStates {
                 1 | u8::from(kv_usage.is_some()) << 1
                     | u8::from(kv_capacity_tokens.is_some()) << 2
                     | u8::from(lora.is_some()) << 3
-                    | served,
+                    | own,
             );
             out.extend_from_slice(&waiting.to_le_bytes());
             out.extend_from_slice(&running.to_le_bytes());
@@ -267,7 +301,7 @@ impl EndpointStates {
             if let Some(l) = lora {
                 encode_lora(&l, &mut out);
             }
-            encode_served(s.served.as_ref(), &mut out);
+            encode_own(s, &mut out);
         }
         out
     }
@@ -290,11 +324,24 @@ impl EndpointStates {
 }
 
 const MAGIC: &[u8; 4] = b"KVES";
-/// Version 2 added the `lora` flag, version 3 the `served` one; values of
-/// the older versions (without those flags) decode as well.
-const VERSION: u8 = 3;
+/// Version 2 added the `lora` flag, version 3 the `served` one, version 4
+/// the engine's prompt-token counter and restarts; values of the older
+/// versions (without those flags) decode as well.
+const VERSION: u8 = 4;
 /// Flag bits each version may set.
-const FLAGS: [u8; 3] = [0x07, 0x0f, 0x1f];
+const FLAGS: [u8; 4] = [0x07, 0x0f, 0x1f, 0x7f];
+
+/// What follows the snapshot whether or not there is one: `served`, the
+/// prompt-token counter, the restarts (each when its flag is set).
+fn encode_own(s: &ScrapeState, out: &mut Vec<u8>) {
+    encode_served(s.served.as_ref(), out);
+    if let Some(t) = s.prompt_tokens_total {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    if s.restarts != 0 {
+        out.extend_from_slice(&s.restarts.to_le_bytes());
+    }
+}
 
 fn listed(count: u16) -> usize {
     usize::from(count).min(MAX_LISTED)
@@ -381,6 +428,8 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             snapshot: None,
             lora: None,
             served: None,
+            prompt_tokens_total: None,
+            restarts: 0,
         };
         let flags = next::<1>(r)?[0];
         if flags & !known_flags != 0 {
@@ -410,6 +459,12 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
         }
         if flags & 0x10 != 0 {
             s.served = Some(decode_served(r)?);
+        }
+        if flags & 0x20 != 0 {
+            s.prompt_tokens_total = Some(f64::from_le_bytes(next(r)?));
+        }
+        if flags & 0x40 != 0 {
+            s.restarts = u32::from_le_bytes(next(r)?);
         }
         entries.push((endpoint, s));
     }
@@ -487,7 +542,7 @@ mod tests {
         let a = ep("10.0.0.1:8000");
         t.record(
             a,
-            ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
             1_000,
         );
         for _ in 0..5 {
@@ -506,7 +561,7 @@ mod tests {
         let a = ep("10.0.0.1:8000");
         t.record(
             a,
-            ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
             1_000,
         );
         assert_eq!(t.get(a).answered_at_ms, 1_000);
@@ -568,6 +623,12 @@ mod tests {
                 1 => t.reachable(e, 5),
                 _ => t.succeed_with_lora(e, snap, lora, 1_000 + u64::from(i)),
             }
+            // Engine counters and restarts on some of each kind.
+            if i % 6 < 4 {
+                let s = t.entry(e);
+                s.prompt_tokens_total = (i % 6 < 3).then_some(f64::from(i) * 1e6);
+                s.restarts = u32::from(i % 6 % 2);
+            }
             // Lists of every length (none, empty, up to the cap; past the
             // first 50, the one or two names a real pod lists), on every
             // kind of entry.
@@ -613,6 +674,8 @@ mod tests {
         let mut old = t.clone();
         for (_, s) in &mut old.entries {
             s.served = None;
+            s.prompt_tokens_total = None;
+            s.restarts = 0;
         }
         let mut v2 = old.encode();
         v2[4] = 2;
@@ -629,6 +692,57 @@ mod tests {
         assert_eq!(b[count_at], 1);
         b[count_at] = MAX_IDS as u8 + 1;
         assert_eq!(EndpointStates::decode(&b), None);
+    }
+
+    #[test]
+    fn a_prompt_token_counter_going_down_is_a_restart() {
+        use crate::metrics::Reading;
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:80");
+        let read = |n: Option<f64>| {
+            ScrapeOutcome::Snapshot(Reading {
+                prompt_tokens_total: n,
+                ..Reading::default()
+            })
+        };
+        assert!(!t.record(a, read(Some(100.0)), 1), "first sight");
+        assert!(!t.record(a, read(Some(100.0)), 2));
+        assert!(!t.record(a, read(Some(5_000.0)), 3));
+        assert!(
+            !t.record(a, read(None), 4),
+            "a scrape without it is no news"
+        );
+        assert!(!t.record(a, ScrapeOutcome::Unreachable, 5));
+        assert!(!t.record(a, ScrapeOutcome::Unreadable, 6));
+        assert_eq!(t.get(a).restarts, 0);
+        assert_eq!(t.get(a).prompt_tokens_total, Some(5_000.0));
+        assert!(t.record(a, read(Some(12.0)), 7), "a reset");
+        assert_eq!(t.get(a).restarts, 1);
+        assert!(!t.record(a, read(Some(40.0)), 8));
+        assert!(t.record(a, read(Some(0.0)), 9));
+        assert_eq!(
+            (t.get(a).restarts, t.get(a).prompt_tokens_total),
+            (2, Some(0.0))
+        );
+        // Both survive the codec.
+        assert_eq!(EndpointStates::decode(&t.encode()).as_ref(), Some(&t));
+    }
+
+    #[test]
+    fn version_3_values_decode_without_counters() {
+        let t = mixed(40);
+        let mut old = t.clone();
+        for (_, s) in &mut old.entries {
+            s.prompt_tokens_total = None;
+            s.restarts = 0;
+        }
+        let mut v3 = old.encode();
+        v3[4] = 3;
+        assert_eq!(EndpointStates::decode(&v3), Some(old));
+        // A version 3 value with the new flags is garbage.
+        let mut bad = t.encode();
+        bad[4] = 3;
+        assert_eq!(EndpointStates::decode(&bad), None);
     }
 
     #[test]
@@ -654,7 +768,7 @@ mod tests {
         // A scrape without the gauge forgets the adapters.
         t.record(
             a,
-            ScrapeOutcome::Snapshot(MetricsSnapshot::default(), None),
+            ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
             4_000,
         );
         assert_eq!(t.get(a).adapter_fit(sql, 4_000, 2_000), AdapterFit::Unknown);
@@ -690,7 +804,11 @@ mod tests {
             kv_capacity_tokens: Some(4096),
         };
         t.succeed(ep("10.0.0.2:8000"), snap, 9);
-        assert_eq!(t.encode(), before);
+        // The same bytes under the current version number (4 added only
+        // flags these entries do not set).
+        let mut now = before.clone();
+        now[4] = VERSION;
+        assert_eq!(t.encode(), now);
         assert_eq!(EndpointStates::decode(&before), Some(t));
     }
 
@@ -708,7 +826,10 @@ mod tests {
                     bytes.len(),
                     json.len()
                 );
-                assert!(bytes.len() < 64 * 1024, "{}", bytes.len());
+                // 68.9 KiB (the mix has many LoRA lists); a vLLM endpoint
+                // with a snapshot and its prompt-token counter takes ~70
+                // bytes.
+                assert!(bytes.len() < 72 * 1024, "{}", bytes.len());
             }
         }
     }
