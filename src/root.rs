@@ -18,6 +18,7 @@ use kvroute_core::metrics::schedule::{self, ListingSchedule, ScrapeSchedule};
 use kvroute_core::metrics::scrape::{classify, ScrapeOutcome};
 use kvroute_core::models::served::{self, ListingOutcome, ServedModels};
 use kvroute_core::peer::REFUSALS_HEADER;
+use kvroute_core::shared::endpoint_state::{CounterNews, FLAP_WINDOW_MS};
 use log::{debug, error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -74,6 +75,10 @@ pub struct KvRouteRoot {
     /// in one update once every scrape in flight has answered (or on the
     /// next tick), not one rewrite of the whole pool's state per answer.
     answers: Vec<(Endpoint, ScrapeOutcome, u64)>,
+    /// Endpoints whose prompt-token counter this VM has warned goes up and
+    /// down (in front of several engines): warned once each (pool members
+    /// only).
+    flapping: HashSet<Endpoint>,
     /// When the per-endpoint snapshot-age gauges were last written.
     last_ages_ms: u64,
     /// When membership was last requested.
@@ -354,16 +359,18 @@ impl KvRouteRoot {
         let lists = state.router.models().lists();
         // Endpoints answering again after leaving the candidate set.
         let mut back = Vec::new();
-        // Engines whose prompt-token counter went down: restarted.
-        let mut restarted = Vec::new();
+        // Endpoints whose prompt-token counter went down: an engine that
+        // restarted, or one in front of several engines.
+        let mut dropped = Vec::new();
         let states = state.store.update_endpoint_states(|t| {
             t.retain(&pool);
             back.clear();
-            restarted.clear();
+            dropped.clear();
             for &(endpoint, outcome, at) in &answers {
                 let was = t.healthy(endpoint, threshold);
-                if t.record(endpoint, outcome, at) {
-                    restarted.push(endpoint);
+                match t.record(endpoint, outcome, at) {
+                    CounterNews::Quiet => {}
+                    news => dropped.push((endpoint, news)),
                 }
                 // Maybe restarted with other models (or without the adapters
                 // loaded at run time): it serves no listed model until its
@@ -382,9 +389,17 @@ impl KvRouteRoot {
                 }
             }
         });
-        for endpoint in restarted {
-            state.stats.inc(Counter::EngineRestarts);
-            warn!("kvroute: the engine at {endpoint} restarted (its prompt-token counter went down); every worker forgets the prefixes it cached");
+        for (endpoint, news) in dropped {
+            if news == CounterNews::Restarted {
+                state.stats.inc(Counter::EngineRestarts);
+                warn!("kvroute: the engine at {endpoint} restarted (its prompt-token counter went down); every worker forgets the prefixes it cached");
+                continue;
+            }
+            state.stats.inc(Counter::EngineCounterFlaps);
+            self.flapping.retain(|e| pool.binary_search(e).is_ok());
+            if self.flapping.insert(endpoint) {
+                warn!("kvroute: the prompt-token counter of {endpoint} keeps going up and down: it is not one engine (a Service or load balancer in front of several?); its drops are not counted as restarts while they come within {} s of each other, and prefix affinity to it holds only as far as that balancer keeps prompts on one engine", FLAP_WINDOW_MS / 1000);
+            }
         }
         for (endpoint, outcome, _) in &listings {
             match outcome {

@@ -57,6 +57,10 @@ pub enum Counter {
     /// Engine restarts seen by the scraper (an endpoint's prompt-token
     /// counter went down): the prefix index forgets what it held there.
     EngineRestarts,
+    /// Drops of an endpoint's prompt-token counter within
+    /// `shared::endpoint_state::FLAP_WINDOW_MS` of its last one, not counted
+    /// as restarts: the endpoint is in front of several engines.
+    EngineCounterFlaps,
     /// Successful `/metrics` scrapes.
     ScrapeSuccess,
     /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
@@ -119,7 +123,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 43] = [
+const COUNTERS: [(Counter, &str); 44] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -146,6 +150,7 @@ const COUNTERS: [(Counter, &str); 43] = [
         "kvroute.decision.moved_by_decode",
     ),
     (Counter::EngineRestarts, "kvroute.engine_restarts"),
+    (Counter::EngineCounterFlaps, "kvroute.engine_counter_flaps"),
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::LogLost, "kvroute.log_lost"),

@@ -575,6 +575,58 @@ fn an_engine_restarted_on_the_same_port_is_not_sent_prompts_by_the_cache_it_lost
 }
 
 #[test]
+fn an_endpoint_in_front_of_two_engines_is_not_taken_for_an_engine_restarting_on_every_scrape() {
+    // A Service (here a round-robin Envoy) in front of two engines: each
+    // scrape of it reads one engine or the other, and its prompt-token
+    // counter goes down on every other scrape once the engines' counters
+    // differ. That is not a restart: counting it as one would empty the
+    // prefix index for the endpoint (and warn) twenty times a second.
+    let sims = pods(3, &["--time-scale", "0.1"]);
+    let vip = Envoy::start_with(
+        &[sims[0].endpoint(0), sims[1].endpoint(0)],
+        json!({}),
+        1,
+        &["--lb", "round_robin"],
+    );
+    let vip_endpoint = format!("127.0.0.1:{}", vip.port);
+    let envoy = Envoy::start(
+        &[vip_endpoint.clone(), sims[2].endpoint(0)],
+        config(json!({})),
+        2,
+    );
+    warm_up(&envoy);
+    // One engine behind the Service serves a long prompt the other does not.
+    let body = json!({"model": MODEL, "prompt": "lorem ipsum ".repeat(400), "max_tokens": 1});
+    assert_eq!(
+        post_json(&sims[0].url(0, "/v1/completions"), &body).status,
+        200
+    );
+    let flaps = || envoy.stat("wasmcustom.kvroute.engine_counter_flaps");
+    let t0 = Instant::now();
+    while flaps() < 10.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no drop seen: {} flaps, {} restarts",
+            flaps(),
+            envoy.stat("wasmcustom.kvroute.engine_restarts")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The first drop counts (it cannot be told from a restart); the rest
+    // do not, and the operator is told once what the endpoint is.
+    assert_eq!(envoy.stat("wasmcustom.kvroute.engine_restarts"), 1.0);
+    let log = envoy.log();
+    let warned = log.matches("keeps going up and down").count();
+    assert_eq!(warned, 1, "{log}");
+    assert!(log.contains(&vip_endpoint), "{log}");
+    // Requests still flow to both endpoints.
+    for q in 0..6 {
+        let (status, debug) = ask_prompt(&envoy, &format!("question {q} {}", "x ".repeat(100)));
+        assert_eq!(status, 200, "{debug}");
+    }
+}
+
+#[test]
 fn all_pods_down_fail_fast_and_recover_when_back() {
     let mut sims = pods(3, &["--time-scale", "0.1"]);
     let ports: Vec<u16> = sims.iter().map(|s| s.base_port).collect();

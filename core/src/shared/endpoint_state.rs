@@ -45,6 +45,34 @@ pub struct ScrapeState {
     /// (`Router::observe`).
     #[serde(default)]
     pub restarts: u32,
+    /// When the prompt-token counter last went down (wall-clock ms; 0:
+    /// never), a restart or not: a drop within [`FLAP_WINDOW_MS`] of the
+    /// previous one is not counted as a restart ([`CounterNews::Flapped`]).
+    #[serde(default)]
+    pub counter_dropped_at_ms: u64,
+}
+
+/// A prompt-token counter that goes down again within this of its last
+/// drop is not one engine restarting: an engine takes seconds to come back
+/// (a process start, a model load, a readiness probe), and a supervisor
+/// backs off between restarts. It is an endpoint in front of several
+/// engines (a Kubernetes Service, a load balancer, an engine's own router),
+/// whose scrapes land on a different engine each time; counting each drop
+/// as a restart would empty kvroute's prefix index for it on every other
+/// scrape (and log a warning as often).
+pub const FLAP_WINDOW_MS: u64 = 10_000;
+
+/// What one scrape's prompt-token counter says about the engine behind the
+/// endpoint ([`EndpointStates::record`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterNews {
+    /// No news: it grew, held, appeared, or is not reported.
+    Quiet,
+    /// It went down: the engine restarted and its prefix cache is empty.
+    Restarted,
+    /// It went down again within [`FLAP_WINDOW_MS`] of its last drop: not a
+    /// restart (see there); `restarts` is left alone.
+    Flapped,
 }
 
 impl ScrapeState {
@@ -186,32 +214,44 @@ impl EndpointStates {
         self.entry(endpoint).served = Some(served);
     }
 
-    /// Records one scrape's outcome. Returns whether it shows the engine
-    /// restarted since the last readable scrape: its prompt-token counter
-    /// is below the last value read (a counter only a restart takes down;
-    /// an engine that stops reporting it, or starts, is no news).
-    pub fn record(&mut self, endpoint: Endpoint, outcome: ScrapeOutcome, now_ms: u64) -> bool {
+    /// Records one scrape's outcome, and what its prompt-token counter says
+    /// about the engine: below the last value read, it restarted (a counter
+    /// only a restart takes down; an engine that stops reporting it, or
+    /// starts, is no news), unless the counter went down within
+    /// [`FLAP_WINDOW_MS`] before as well: then the endpoint is in front of
+    /// several engines, and the drop is [`CounterNews::Flapped`].
+    pub fn record(
+        &mut self,
+        endpoint: Endpoint,
+        outcome: ScrapeOutcome,
+        now_ms: u64,
+    ) -> CounterNews {
         match outcome {
             ScrapeOutcome::Snapshot(r) => {
                 self.succeed_with_lora(endpoint, r.snapshot, r.lora, now_ms);
                 let s = self.entry(endpoint);
                 let Some(now) = r.prompt_tokens_total else {
-                    return false;
+                    return CounterNews::Quiet;
                 };
-                let restarted = s.prompt_tokens_total.is_some_and(|before| now < before);
+                let dropped = s.prompt_tokens_total.is_some_and(|before| now < before);
                 s.prompt_tokens_total = Some(now);
-                if restarted {
-                    s.restarts = s.restarts.wrapping_add(1);
+                if !dropped {
+                    return CounterNews::Quiet;
                 }
-                restarted
+                let last = std::mem::replace(&mut s.counter_dropped_at_ms, now_ms.max(1));
+                if last != 0 && now_ms.saturating_sub(last) < FLAP_WINDOW_MS {
+                    return CounterNews::Flapped;
+                }
+                s.restarts = s.restarts.wrapping_add(1);
+                CounterNews::Restarted
             }
             ScrapeOutcome::Unreadable => {
                 self.reachable(endpoint, now_ms);
-                false
+                CounterNews::Quiet
             }
             ScrapeOutcome::Unreachable => {
                 self.fail(endpoint);
-                false
+                CounterNews::Quiet
             }
         }
     }
@@ -247,14 +287,16 @@ impl EndpointStates {
     /// (u16), then per entry the endpoint (4 + 4 bytes or 6 + 16 bytes, then
     /// the port), `scraped_at_ms` (u64), `answered_at_ms` (u64), `failures`
     /// (u32), a flag byte (bit 0: snapshot, 1: kv_usage, 2: kv_capacity_tokens,
-    /// 3: lora, 4: served, 5: prompt_tokens_total, 6: restarts) and the
+    /// 3: lora, 4: served, 5: prompt_tokens_total, 6: restarts, 7:
+    /// counter_dropped_at_ms) and the
     /// snapshot's fields present; `lora` (the
     /// state's, written only with a snapshot) is its
     /// three counts (u16) and the listed adapter ids (u32 each, running then
     /// waiting, as many as the counts capped at [`MAX_LISTED`]); `served`
     /// (after the snapshot) is `listed_at_ms` (u64), a count (u8, at most
     /// [`MAX_IDS`]) and the sorted model ids (u32 each); then
-    /// `prompt_tokens_total` (f64) and `restarts` (u32, written when not 0).
+    /// `prompt_tokens_total` (f64), `restarts` (u32, written when not 0) and
+    /// `counter_dropped_at_ms` (u64, written when not 0).
     pub fn encode(&self) -> Vec<u8> {
         let n = self.entries.len().min(u16::MAX as usize);
         let mut out = Vec::with_capacity(7 + n * 64);
@@ -269,7 +311,8 @@ impl EndpointStates {
             // The flags that do not depend on a snapshot.
             let own = u8::from(s.served.is_some()) << 4
                 | u8::from(s.prompt_tokens_total.is_some()) << 5
-                | u8::from(s.restarts != 0) << 6;
+                | u8::from(s.restarts != 0) << 6
+                | u8::from(s.counter_dropped_at_ms != 0) << 7;
             let Some(snap) = s.snapshot else {
                 out.push(own);
                 encode_own(s, &mut out);
@@ -325,14 +368,16 @@ impl EndpointStates {
 
 const MAGIC: &[u8; 4] = b"KVES";
 /// Version 2 added the `lora` flag, version 3 the `served` one, version 4
-/// the engine's prompt-token counter and restarts; values of the older
-/// versions (without those flags) decode as well.
-const VERSION: u8 = 4;
+/// the engine's prompt-token counter and restarts, version 5 when the
+/// counter last went down; values of the older versions (without those
+/// flags) decode as well.
+const VERSION: u8 = 5;
 /// Flag bits each version may set.
-const FLAGS: [u8; 4] = [0x07, 0x0f, 0x1f, 0x7f];
+const FLAGS: [u8; 5] = [0x07, 0x0f, 0x1f, 0x7f, 0xff];
 
 /// What follows the snapshot whether or not there is one: `served`, the
-/// prompt-token counter, the restarts (each when its flag is set).
+/// prompt-token counter, the restarts, the counter's last drop (each when
+/// its flag is set).
 fn encode_own(s: &ScrapeState, out: &mut Vec<u8>) {
     encode_served(s.served.as_ref(), out);
     if let Some(t) = s.prompt_tokens_total {
@@ -340,6 +385,9 @@ fn encode_own(s: &ScrapeState, out: &mut Vec<u8>) {
     }
     if s.restarts != 0 {
         out.extend_from_slice(&s.restarts.to_le_bytes());
+    }
+    if s.counter_dropped_at_ms != 0 {
+        out.extend_from_slice(&s.counter_dropped_at_ms.to_le_bytes());
     }
 }
 
@@ -430,6 +478,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             served: None,
             prompt_tokens_total: None,
             restarts: 0,
+            counter_dropped_at_ms: 0,
         };
         let flags = next::<1>(r)?[0];
         if flags & !known_flags != 0 {
@@ -465,6 +514,9 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
         }
         if flags & 0x40 != 0 {
             s.restarts = u32::from_le_bytes(next(r)?);
+        }
+        if flags & 0x80 != 0 {
+            s.counter_dropped_at_ms = u64::from_le_bytes(next(r)?);
         }
         entries.push((endpoint, s));
     }
@@ -628,6 +680,7 @@ mod tests {
                 let s = t.entry(e);
                 s.prompt_tokens_total = (i % 6 < 3).then_some(f64::from(i) * 1e6);
                 s.restarts = u32::from(i % 6 % 2);
+                s.counter_dropped_at_ms = if i % 6 == 1 { 7_000 + u64::from(i) } else { 0 };
             }
             // Lists of every length (none, empty, up to the cap; past the
             // first 50, the one or two names a real pod lists), on every
@@ -676,6 +729,7 @@ mod tests {
             s.served = None;
             s.prompt_tokens_total = None;
             s.restarts = 0;
+            s.counter_dropped_at_ms = 0;
         }
         let mut v2 = old.encode();
         v2[4] = 2;
@@ -696,36 +750,77 @@ mod tests {
 
     #[test]
     fn a_prompt_token_counter_going_down_is_a_restart() {
-        use crate::metrics::Reading;
+        use CounterNews::{Quiet, Restarted};
         let mut t = EndpointStates::default();
         let a = ep("10.0.0.1:80");
-        let read = |n: Option<f64>| {
-            ScrapeOutcome::Snapshot(Reading {
-                prompt_tokens_total: n,
-                ..Reading::default()
-            })
-        };
-        assert!(!t.record(a, read(Some(100.0)), 1), "first sight");
-        assert!(!t.record(a, read(Some(100.0)), 2));
-        assert!(!t.record(a, read(Some(5_000.0)), 3));
-        assert!(
-            !t.record(a, read(None), 4),
+        assert_eq!(t.record(a, read(Some(100.0)), 1), Quiet, "first sight");
+        assert_eq!(t.record(a, read(Some(100.0)), 2), Quiet);
+        assert_eq!(t.record(a, read(Some(5_000.0)), 3), Quiet);
+        assert_eq!(
+            t.record(a, read(None), 4),
+            Quiet,
             "a scrape without it is no news"
         );
-        assert!(!t.record(a, ScrapeOutcome::Unreachable, 5));
-        assert!(!t.record(a, ScrapeOutcome::Unreadable, 6));
+        assert_eq!(t.record(a, ScrapeOutcome::Unreachable, 5), Quiet);
+        assert_eq!(t.record(a, ScrapeOutcome::Unreadable, 6), Quiet);
         assert_eq!(t.get(a).restarts, 0);
         assert_eq!(t.get(a).prompt_tokens_total, Some(5_000.0));
-        assert!(t.record(a, read(Some(12.0)), 7), "a reset");
+        assert_eq!(t.record(a, read(Some(12.0)), 7), Restarted, "a reset");
         assert_eq!(t.get(a).restarts, 1);
-        assert!(!t.record(a, read(Some(40.0)), 8));
-        assert!(t.record(a, read(Some(0.0)), 9));
+        assert_eq!(t.record(a, read(Some(40.0)), 8), Quiet);
+        // Restarted again, once the engine could have come back.
+        let later = 7 + FLAP_WINDOW_MS;
+        assert_eq!(t.record(a, read(Some(0.0)), later), Restarted);
         assert_eq!(
             (t.get(a).restarts, t.get(a).prompt_tokens_total),
             (2, Some(0.0))
         );
         // Both survive the codec.
         assert_eq!(EndpointStates::decode(&t.encode()).as_ref(), Some(&t));
+    }
+
+    fn read(n: Option<f64>) -> ScrapeOutcome {
+        ScrapeOutcome::Snapshot(crate::metrics::Reading {
+            prompt_tokens_total: n,
+            ..crate::metrics::Reading::default()
+        })
+    }
+
+    #[test]
+    fn a_counter_that_keeps_going_up_and_down_is_several_engines_not_restarts() {
+        use CounterNews::{Flapped, Quiet, Restarted};
+        // A Service in front of two engines: scrapes alternate between them.
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:80");
+        let mut news = Vec::new();
+        let mut now = 1_000;
+        for k in 0..400u32 {
+            // Both engines serve; the first stays behind the second, so every
+            // scrape of it after one of the second is a drop (199 of them).
+            let (x, y) = (1e6 + f64::from(k) * 900.0, 2e6 + f64::from(k) * 100.0);
+            news.push(t.record(a, read(Some(if k % 2 == 0 { x } else { y })), now));
+            now += 50;
+        }
+        assert_eq!(news.iter().filter(|&&n| n == Restarted).count(), 1);
+        assert_eq!(news.iter().filter(|&&n| n == Flapped).count(), 198);
+        assert_eq!(
+            t.get(a).restarts,
+            1,
+            "only the first drop empties the index"
+        );
+        // It flaps for as long as it goes down within the window of the last
+        // drop, however long that lasts; a drop after a quiet window is a
+        // restart again.
+        assert_eq!(t.record(a, read(Some(1.0)), now), Flapped);
+        assert_eq!(t.record(a, read(Some(5.0)), now + 1), Quiet);
+        let quiet = now + FLAP_WINDOW_MS;
+        assert_eq!(t.record(a, read(Some(2.0)), quiet), Restarted);
+        assert_eq!(t.get(a).restarts, 2);
+        assert_eq!(EndpointStates::decode(&t.encode()).as_ref(), Some(&t));
+        // Another endpoint has a window of its own.
+        let b = ep("10.0.0.2:80");
+        assert_eq!(t.record(b, read(Some(9.0)), quiet), Quiet);
+        assert_eq!(t.record(b, read(Some(3.0)), quiet + 1), Restarted);
     }
 
     #[test]
@@ -735,6 +830,7 @@ mod tests {
         for (_, s) in &mut old.entries {
             s.prompt_tokens_total = None;
             s.restarts = 0;
+            s.counter_dropped_at_ms = 0;
         }
         let mut v3 = old.encode();
         v3[4] = 3;
@@ -742,6 +838,22 @@ mod tests {
         // A version 3 value with the new flags is garbage.
         let mut bad = t.encode();
         bad[4] = 3;
+        assert_eq!(EndpointStates::decode(&bad), None);
+    }
+
+    #[test]
+    fn version_4_values_decode_without_the_last_drop() {
+        let t = mixed(40);
+        let mut old = t.clone();
+        for (_, s) in &mut old.entries {
+            s.counter_dropped_at_ms = 0;
+        }
+        let mut v4 = old.encode();
+        v4[4] = 4;
+        assert_eq!(EndpointStates::decode(&v4), Some(old));
+        assert!(t.entries.iter().any(|(_, s)| s.counter_dropped_at_ms != 0));
+        let mut bad = t.encode();
+        bad[4] = 4;
         assert_eq!(EndpointStates::decode(&bad), None);
     }
 
