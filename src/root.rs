@@ -109,7 +109,38 @@ fn new_vm_id(ctx: &dyn Context) -> u64 {
     h.finish() | 1
 }
 
+/// What Envoy says of an HTTP call's answer when it calls back.
+#[derive(Clone, Copy, Debug)]
+struct CallAnswer {
+    num_headers: usize,
+    body_size: usize,
+}
+
 impl KvRouteRoot {
+    /// The status of a call's answer; `None` when the call failed after it
+    /// was sent. Envoy then calls back without headers (the stream was
+    /// reset, e.g. by a server dying mid-answer, or the answer outgrew the
+    /// 32 MiB Envoy buffers for a call), and reading a header of it is an
+    /// error the SDK panics on: the VM would die, and every request on its
+    /// worker with it.
+    fn call_status(&self, answer: CallAnswer) -> Option<u16> {
+        if answer.num_headers == 0 {
+            return None;
+        }
+        self.get_http_call_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+    }
+
+    /// The body of a call's answer, if it has headers and at most `max`
+    /// bytes: a larger one is never copied into the VM (its memory never
+    /// shrinks).
+    fn call_body(&self, answer: CallAnswer, max: usize) -> Option<Vec<u8>> {
+        (answer.num_headers > 0 && answer.body_size <= max).then(|| {
+            self.get_http_call_response_body(0, answer.body_size)
+                .unwrap_or_default()
+        })
+    }
+
     fn scrape(&mut self, state: &VmState, now: u64) {
         let cfg = state.config();
         let scraping = &self.scraping;
@@ -195,19 +226,13 @@ impl KvRouteRoot {
         }
     }
 
-    fn on_list_models(&mut self, endpoint: Endpoint, body_size: usize) {
+    fn on_list_models(&mut self, endpoint: Endpoint, answer: CallAnswer) {
         self.listing.remove(&endpoint);
         let Some(state) = self.state.clone() else {
             return;
         };
-        let status = self
-            .get_http_call_response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok());
-        // Too large an answer is never copied into the VM.
-        let body = (body_size <= served::MAX_BODY_BYTES).then(|| {
-            self.get_http_call_response_body(0, body_size)
-                .unwrap_or_default()
-        });
+        let status = self.call_status(answer);
+        let body = self.call_body(answer, served::MAX_BODY_BYTES);
         let outcome = served::classify(status, body.as_deref());
         self.list_schedule
             .answered(endpoint, outcome != ListingOutcome::Unreachable);
@@ -247,17 +272,16 @@ impl KvRouteRoot {
         }
     }
 
-    fn on_discovery(&mut self, body_size: usize) {
+    fn on_discovery(&mut self, answer: CallAnswer) {
         let Some(state) = self.state.clone() else {
             return;
         };
-        if self.get_http_call_response_header(":status").as_deref() != Some("200") {
+        if self.call_status(answer) != Some(200) {
             warn!("kvroute: discovery: admin API did not answer 200");
             return;
         }
-        let body = self
-            .get_http_call_response_body(0, body_size)
-            .unwrap_or_default();
+        // Envoy's own admin API, trusted: as large as Envoy delivers.
+        let body = self.call_body(answer, usize::MAX).unwrap_or_default();
         let mut state = state.borrow_mut();
         if let Some(peers) = state.config().peers.clone() {
             peer_sync::update_members(&state, &peers, &body);
@@ -302,7 +326,7 @@ impl KvRouteRoot {
         }
     }
 
-    fn on_peer_answer(&mut self, member: Endpoint, body_size: usize) {
+    fn on_peer_answer(&mut self, member: Endpoint, answer: CallAnswer) {
         let Some(state) = self.state.clone() else {
             return;
         };
@@ -310,15 +334,9 @@ impl KvRouteRoot {
         let Some(max) = state.config().peers.as_ref().map(|p| p.max_response_bytes) else {
             return;
         };
-        let status = self
-            .get_http_call_response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok());
-        let refusals = self.get_http_call_response_header(REFUSALS_HEADER);
-        // Too large an answer is never copied into the VM.
-        let body = (body_size <= max).then(|| {
-            self.get_http_call_response_body(0, body_size)
-                .unwrap_or_default()
-        });
+        let status = self.call_status(answer);
+        let refusals = status.and_then(|_| self.get_http_call_response_header(REFUSALS_HEADER));
+        let body = self.call_body(answer, max);
         let answer = peer_sync::Answer {
             status,
             body,
@@ -327,19 +345,23 @@ impl KvRouteRoot {
         peer_sync::take_answer(&mut state, member, answer, now_ms(self));
     }
 
-    fn on_scrape(&mut self, endpoint: Endpoint, body_size: usize) {
+    fn on_scrape(&mut self, endpoint: Endpoint, answer: CallAnswer) {
         self.scraping.remove(&endpoint);
         let Some(state) = self.state.clone() else {
             return;
         };
         let now = now_ms(self);
-        let status = self
-            .get_http_call_response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok());
-        let body = self
-            .get_http_call_response_body(0, body_size)
-            .unwrap_or_default();
-        let outcome = classify(status, &body, &state.borrow().config().metrics);
+        let status = self.call_status(answer);
+        let max = state.borrow().config().metrics.max_body_bytes;
+        let body = self.call_body(answer, max);
+        if status.is_some() && body.is_none() {
+            state.borrow().stats.inc(Counter::ScrapeTooLarge);
+            debug!(
+                "kvroute: /metrics of {endpoint}: {} bytes, over metrics.max_body_bytes ({max}); not read",
+                answer.body_size
+            );
+        }
+        let outcome = classify(status, body.as_deref(), &state.borrow().config().metrics);
         self.answers.push((endpoint, outcome, now));
         if self.scraping.is_empty() && self.listing.is_empty() {
             self.publish_answers(&mut state.borrow_mut());
@@ -459,15 +481,19 @@ impl Context for KvRouteRoot {
     fn on_http_call_response(
         &mut self,
         token_id: u32,
-        _num_headers: usize,
+        num_headers: usize,
         body_size: usize,
         _num_trailers: usize,
     ) {
+        let answer = CallAnswer {
+            num_headers,
+            body_size,
+        };
         match self.pending.remove(&token_id) {
-            Some(Call::Scrape(endpoint)) => self.on_scrape(endpoint, body_size),
-            Some(Call::ListModels(endpoint)) => self.on_list_models(endpoint, body_size),
-            Some(Call::Discovery) => self.on_discovery(body_size),
-            Some(Call::PeerSync(member)) => self.on_peer_answer(member, body_size),
+            Some(Call::Scrape(endpoint)) => self.on_scrape(endpoint, answer),
+            Some(Call::ListModels(endpoint)) => self.on_list_models(endpoint, answer),
+            Some(Call::Discovery) => self.on_discovery(answer),
+            Some(Call::PeerSync(member)) => self.on_peer_answer(member, answer),
             None => {}
         }
     }

@@ -65,6 +65,9 @@ pub enum Counter {
     ScrapeSuccess,
     /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
     ScrapeFailure,
+    /// `/metrics` answers over `metrics.max_body_bytes`, not read (also
+    /// failures).
+    ScrapeTooLarge,
     /// Decision-log entries overwritten before this VM replayed them.
     LogLost,
     /// Endpoints ejected by passive health (consecutive 5xx).
@@ -123,7 +126,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 44] = [
+const COUNTERS: [(Counter, &str); 45] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -153,6 +156,7 @@ const COUNTERS: [(Counter, &str); 44] = [
     (Counter::EngineCounterFlaps, "kvroute.engine_counter_flaps"),
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
+    (Counter::ScrapeTooLarge, "kvroute.scrape.too_large"),
     (Counter::LogLost, "kvroute.log_lost"),
     (Counter::OutlierEjected, "kvroute.outlier.ejected"),
     (Counter::Unanswered, "kvroute.failover.unanswered"),

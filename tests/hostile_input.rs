@@ -173,3 +173,74 @@ fn hostile_bodies_cost_the_worker_little_more_than_proxying_them() {
         worst.as_millis()
     );
 }
+
+#[test]
+fn a_huge_metrics_body_neither_kills_nor_grows_the_scraping_vm() {
+    // A server at an endpoint's address whose `/metrics` is huge (a broken
+    // exporter, a wrong address, a hostile pod).
+    let sim = Sim::start(2, &["--time-scale", "0.001"]);
+    // Scraped twice a second, so the sim can write such bodies that often.
+    let config = json!({"metrics": {"scrape_interval_ms": 500}, "debug_header": "x-kvroute-debug"});
+    let envoy = Envoy::start(&sim.endpoints(), config, 1);
+    let chat_url = envoy.url("/v1/chat/completions");
+    for i in 0..20 {
+        assert_eq!(post_json(&chat_url, &chat_turn(i % 4)).status, 200);
+    }
+    let scraped = |n: f64, what: &str| {
+        let from = sim.metrics_scrapes(1);
+        let t0 = Instant::now();
+        while sim.metrics_scrapes(1) < from + n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{what}: pod 1 scraped {} times in 20 s; Envoy's log:\n{}",
+                sim.metrics_scrapes(1) - from,
+                envoy.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The last answer is read and published.
+        std::thread::sleep(Duration::from_millis(600));
+    };
+    // Whether pod 1 is a candidate: the debug header lists the scored ones
+    // (the health filter's survivors).
+    let pod1 = sim.endpoint(1);
+    let pod1_scored = |what: &str| {
+        let r = post_json(&chat_url, &chat_turn(1000));
+        assert_eq!(r.status, 200, "{what}: {}", r.body);
+        let debug = r.header("x-kvroute-debug").unwrap_or("").to_string();
+        debug.split("scores=").nth(1).unwrap_or("").contains(&pod1)
+    };
+    scraped(2.0, "warm-up");
+    let before = envoy.rss_bytes();
+
+    // 16 MiB: Envoy delivers it; kvroute does not copy it in (over
+    // metrics.max_body_bytes, 4 MiB): the pod answered, so it stays a
+    // candidate, without load figures.
+    sim.fault(1, json!({"metrics_pad_bytes": 16 << 20}));
+    scraped(6.0, "16 MiB");
+    let grown = envoy.rss_bytes().saturating_sub(before);
+    let too_large = envoy.stat("wasmcustom.kvroute.scrape.too_large");
+    println!(
+        "16 MiB /metrics: {too_large} not read, Envoy RSS +{} MiB",
+        grown >> 20
+    );
+    assert!(too_large >= 5.0, "read {too_large}");
+    // Envoy's own buffer for the answer (it may keep the pages); a copy in
+    // the VM, and the parse's, would come on top of it, for good.
+    assert!(grown < 28 << 20, "Envoy grew {} MiB", grown >> 20);
+    assert!(pod1_scored("16 MiB"));
+
+    // 48 MiB: over the 32 MiB Envoy buffers for a call, so Envoy resets it
+    // and calls back with no answer; reading a header of it then made the
+    // SDK panic, which killed the VM (no more scrapes, no more routing).
+    sim.fault(1, json!({"metrics_pad_bytes": 48 << 20}));
+    scraped(4.0, "48 MiB");
+    let log = envoy.log();
+    assert!(!log.contains("panicked"), "{log}");
+    // Answered by Envoy's reset only: failed scrapes, so pod 1 is out ...
+    assert!(!pod1_scored("48 MiB"));
+    // ... and back with its first readable scrape.
+    sim.fault(1, json!({"metrics_pad_bytes": 0}));
+    scraped(2.0, "back");
+    assert!(pod1_scored("back"));
+}

@@ -228,6 +228,9 @@ pub struct MetricsConfig {
     pub max_scrapes_per_s: u64,
     /// Timeout of one scrape.
     pub scrape_timeout_ms: u64,
+    /// Largest `/metrics` body read: a larger one is never copied into the
+    /// VM (its memory never shrinks) and counts as unreadable.
+    pub max_body_bytes: usize,
     /// How often each endpoint's `GET /v1/models` is read again, when a
     /// `models` entry leaves its endpoints to it (an endpoint never listed
     /// is read at once).
@@ -243,6 +246,12 @@ pub struct MetricsConfig {
     pub names: MetricNames,
 }
 
+/// Bounds of `metrics.max_body_bytes`: a real engine's `/metrics` is
+/// 2-30 KB per model and rank (vLLM 0.29: 28.5 KB), and Envoy gives a call
+/// at most 32 MiB of answer (it resets a larger one).
+const MIN_METRICS_BODY_BYTES: usize = 64 << 10;
+const MAX_METRICS_BODY_BYTES: usize = 32 << 20;
+
 impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig {
@@ -250,6 +259,7 @@ impl Default for MetricsConfig {
             scrape_interval_ms: 50,
             max_scrapes_per_s: 4500,
             scrape_timeout_ms: 1000,
+            max_body_bytes: 4 << 20,
             models_refresh_ms: 5000,
             stale_after_ms: 2000,
             unhealthy_after_failures: 3,
@@ -827,6 +837,13 @@ impl Config {
                 "must be 1..=60000",
             ));
         }
+        if !(MIN_METRICS_BODY_BYTES..=MAX_METRICS_BODY_BYTES).contains(&m.max_body_bytes) {
+            return Err(err(
+                "metrics.max_body_bytes",
+                m.max_body_bytes,
+                "must be 65536..=33554432 (Envoy drops a larger answer itself)",
+            ));
+        }
         if !(1000..=600_000).contains(&m.models_refresh_ms) {
             return Err(err(
                 "metrics.models_refresh_ms",
@@ -1175,6 +1192,14 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"metrics":{"max_scrapes_per_s":0}}"#,
                 "metrics.max_scrapes_per_s",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"metrics":{"max_body_bytes":1000}}"#,
+                "metrics.max_body_bytes",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"metrics":{"max_body_bytes":67108864}}"#,
+                "metrics.max_body_bytes",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"destination_header":"Host"}"#,

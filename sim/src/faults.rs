@@ -32,6 +32,9 @@ pub struct Faults {
     pub metrics_garbage: bool,
     /// Whether `/metrics` answers HTTP 500 (after `metrics_delay_ms`).
     pub metrics_error: bool,
+    /// Bytes of Prometheus comment lines appended to each `/metrics` body (a
+    /// broken or hostile server whose body is huge; 0: none).
+    pub metrics_pad_bytes: u64,
     /// Phantom requests: reported as waiting in the metrics and delaying each new
     /// inference request by `queue_inflate x PHANTOM_REQUEST_SECS` simulated seconds.
     pub queue_inflate: u64,
@@ -46,6 +49,7 @@ impl Default for Faults {
             metrics_delay_ms: 0,
             metrics_garbage: false,
             metrics_error: false,
+            metrics_pad_bytes: 0,
             queue_inflate: 0,
         }
     }
@@ -81,6 +85,8 @@ pub struct FaultUpdate {
     pub metrics_garbage: Option<bool>,
     /// See [`Faults::metrics_error`].
     pub metrics_error: Option<bool>,
+    /// See [`Faults::metrics_pad_bytes`]; at most [`MAX_METRICS_PAD_BYTES`].
+    pub metrics_pad_bytes: Option<u64>,
     /// See [`Faults::queue_inflate`].
     pub queue_inflate: Option<u64>,
     /// Take the pod down (refuse connections) for this many wall milliseconds, then
@@ -110,6 +116,13 @@ impl FaultUpdate {
                 return Err(format!("error_status must be within 400..=599, got {s}"));
             }
         }
+        if let Some(n) = u.metrics_pad_bytes {
+            if n > MAX_METRICS_PAD_BYTES {
+                return Err(format!(
+                    "metrics_pad_bytes must be at most {MAX_METRICS_PAD_BYTES}, got {n}"
+                ));
+            }
+        }
         Ok(u)
     }
 
@@ -133,10 +146,29 @@ impl FaultUpdate {
         if let Some(v) = self.metrics_error {
             f.metrics_error = v;
         }
+        if let Some(v) = self.metrics_pad_bytes {
+            f.metrics_pad_bytes = v;
+        }
         if let Some(v) = self.queue_inflate {
             f.queue_inflate = v;
         }
     }
+}
+
+/// The largest `metrics_pad_bytes` (256 MiB).
+pub const MAX_METRICS_PAD_BYTES: u64 = 256 << 20;
+
+/// `bytes` of Prometheus comment lines (valid text a parser skips).
+pub fn metrics_padding(bytes: u64) -> String {
+    const LINE: &str = "# padding: a comment line a Prometheus parser skips ............\n";
+    let n = usize::try_from(bytes).unwrap_or(usize::MAX);
+    let mut pad = LINE.repeat(n / LINE.len() + 1);
+    pad.truncate(n);
+    if n > 0 {
+        pad.pop();
+        pad.push('\n');
+    }
+    pad
 }
 
 /// What `/metrics` returns while `metrics_garbage` is on: not Prometheus text.

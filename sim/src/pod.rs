@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::cli::{EngineFlavor, SimConfig};
-use crate::faults::{FaultUpdate, Faults, METRICS_GARBAGE, PHANTOM_REQUEST_SECS};
+use crate::faults::{metrics_padding, FaultUpdate, Faults, METRICS_GARBAGE, PHANTOM_REQUEST_SECS};
 use crate::kv_cache::block_hashes;
 use crate::lora::{LoraConfig, LoraLease, LoraSlots};
 use crate::metrics::{render_sglang, render_vllm, MetricsSnapshot};
@@ -404,12 +404,13 @@ impl Pod {
         lock(&self.faults).faults.metrics_error
     }
 
-    /// The `/metrics` body, honouring the `metrics_delay_ms` and `metrics_garbage` faults.
+    /// The `/metrics` body, honouring the `metrics_delay_ms`, `metrics_garbage` and
+    /// `metrics_pad_bytes` faults.
     pub async fn metrics_text(&self) -> String {
         self.metrics_requests.fetch_add(1, Ordering::Relaxed);
-        let (delay, garbage) = {
+        let (delay, garbage, pad) = {
             let f = &lock(&self.faults).faults;
-            (f.metrics_delay_ms, f.metrics_garbage)
+            (f.metrics_delay_ms, f.metrics_garbage, f.metrics_pad_bytes)
         };
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -418,14 +419,18 @@ impl Pod {
             return METRICS_GARBAGE.to_owned();
         }
         let (snap, _) = self.snapshot();
-        match self.cfg.engine {
+        let mut text = match self.cfg.engine {
             EngineFlavor::Vllm => {
                 let mut text = render_vllm(&snap, &self.cfg.model, self.created_unix);
                 text.push_str(&self.lora.render(unix_now()));
                 text
             }
             EngineFlavor::Sglang => render_sglang(&snap, &self.cfg.model),
+        };
+        if pad > 0 {
+            text.push_str(&metrics_padding(pad));
         }
+        text
     }
 
     /// The pod's state for `/sim/state` and `/pods`.

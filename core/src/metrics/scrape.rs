@@ -22,14 +22,15 @@ pub enum ScrapeOutcome {
 }
 
 /// Classifies a scrape from its HTTP status (`None`: no response at all)
-/// and body.
-pub fn classify(status: Option<u16>, body: &[u8], cfg: &MetricsConfig) -> ScrapeOutcome {
+/// and body (`None`: larger than `metrics.max_body_bytes`, not read: the
+/// endpoint answered, but nothing it says can be used).
+pub fn classify(status: Option<u16>, body: Option<&[u8]>, cfg: &MetricsConfig) -> ScrapeOutcome {
     match status {
-        Some(200) => match std::str::from_utf8(body) {
-            Ok(text) => read_scrape(text, cfg)
+        Some(200) => match body.map(std::str::from_utf8) {
+            Some(Ok(text)) => read_scrape(text, cfg)
                 .map(ScrapeOutcome::Snapshot)
                 .unwrap_or(ScrapeOutcome::Unreadable),
-            Err(_) => ScrapeOutcome::Unreadable,
+            _ => ScrapeOutcome::Unreadable,
         },
         Some(s) if (100..500).contains(&s) => ScrapeOutcome::Unreadable,
         _ => ScrapeOutcome::Unreachable,
@@ -46,16 +47,19 @@ mod tests {
     fn classify_table() {
         let cfg = MetricsConfig::default();
         let good = b"vllm:num_requests_waiting{model_name=\"m\"} 2.0\nvllm:num_requests_running{model_name=\"m\"} 1.0\n";
-        let cases: [(Option<u16>, &[u8], &str); 9] = [
-            (Some(200), good, "snapshot"),
-            (Some(200), b"<html>oops</html>", "unreadable"),
-            (Some(200), &[0xff, 0xfe], "unreadable"),
-            (Some(200), b"", "unreadable"),
-            (Some(404), b"not found", "unreadable"),
-            (Some(301), b"", "unreadable"),
-            (Some(503), b"upstream connect error", "unreachable"),
-            (Some(0), b"", "unreachable"),
-            (None, b"", "unreachable"),
+        type Case<'a> = (Option<u16>, Option<&'a [u8]>, &'a str);
+        let cases: [Case; 11] = [
+            (Some(200), Some(good), "snapshot"),
+            (Some(200), None, "unreadable"),
+            (Some(404), None, "unreadable"),
+            (Some(200), Some(b"<html>oops</html>"), "unreadable"),
+            (Some(200), Some(&[0xff, 0xfe]), "unreadable"),
+            (Some(200), Some(b""), "unreadable"),
+            (Some(404), Some(b"not found"), "unreadable"),
+            (Some(301), Some(b""), "unreadable"),
+            (Some(503), Some(b"upstream connect error"), "unreachable"),
+            (Some(0), Some(b""), "unreachable"),
+            (None, Some(b""), "unreachable"),
         ];
         for (status, body, want) in cases {
             let got = match classify(status, body, &cfg) {

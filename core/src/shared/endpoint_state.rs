@@ -865,7 +865,7 @@ mod tests {
         let vllm = "vllm:num_requests_waiting 0\n\
                     vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"sql\",waiting_lora_adapters=\"\"} 5\n";
         let outcome =
-            crate::metrics::scrape::classify(Some(200), vllm.as_bytes(), &Default::default());
+            crate::metrics::scrape::classify(Some(200), Some(vllm.as_bytes()), &Default::default());
         t.record(a, outcome, 1_000);
         let (sql, fin) = (Some(adapter_id("sql")), Some(adapter_id("fin")));
         let s = t.get(a);
