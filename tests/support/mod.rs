@@ -565,9 +565,20 @@ impl Envoy {
 }
 
 impl Drop for Envoy {
+    /// Stops Envoy, and fails the test if kvroute panicked in it: a panic
+    /// kills a VM and every request behind it, whatever the test asserted.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            return;
+        }
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        if let Some(at) = log.find("panicked at") {
+            let from = log[..at].rfind('\n').map_or(0, |i| i + 1);
+            let to = log[at..].find("\n[").map_or(log.len(), |i| at + i);
+            panic!("kvroute panicked in Envoy:\n{}", &log[from..to]);
+        }
     }
 }
 
