@@ -18,7 +18,7 @@ use kvroute_core::metrics::schedule::{self, ListingSchedule, ScrapeSchedule};
 use kvroute_core::metrics::scrape::{classify, ScrapeOutcome};
 use kvroute_core::models::served::{self, ListingOutcome, ServedModels};
 use kvroute_core::peer::REFUSALS_HEADER;
-use kvroute_core::shared::endpoint_state::{CounterNews, FLAP_WINDOW_MS};
+use kvroute_core::shared::endpoint_state::CounterNews;
 use log::{debug, error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -378,6 +378,7 @@ impl KvRouteRoot {
         let listings = std::mem::take(&mut self.listings);
         let pool = state.router.pool().to_vec();
         let threshold = state.config().metrics.unhealthy_after_failures;
+        let flap_window = schedule::flap_window_ms(&state.config().metrics, pool.len());
         let lists = state.router.models().lists();
         // Endpoints answering again after leaving the candidate set.
         let mut back = Vec::new();
@@ -390,7 +391,7 @@ impl KvRouteRoot {
             dropped.clear();
             for &(endpoint, outcome, at) in &answers {
                 let was = t.healthy(endpoint, threshold);
-                match t.record(endpoint, outcome, at) {
+                match t.record(endpoint, outcome, at, flap_window) {
                     CounterNews::Quiet => {}
                     news => dropped.push((endpoint, news)),
                 }
@@ -420,7 +421,7 @@ impl KvRouteRoot {
             state.stats.inc(Counter::EngineCounterFlaps);
             self.flapping.retain(|e| pool.binary_search(e).is_ok());
             if self.flapping.insert(endpoint) {
-                warn!("kvroute: the prompt-token counter of {endpoint} keeps going up and down: it is not one engine (a Service or load balancer in front of several?); its drops are not counted as restarts while they come within {} s of each other, and prefix affinity to it holds only as far as that balancer keeps prompts on one engine", FLAP_WINDOW_MS / 1000);
+                warn!("kvroute: the prompt-token counter of {endpoint} keeps going up and down: it is not one engine (a Service or load balancer in front of several?); its drops are not counted as restarts while they come within {} s of each other, and prefix affinity to it holds only as far as that balancer keeps prompts on one engine", flap_window / 1000);
             }
         }
         for (endpoint, outcome, _) in &listings {

@@ -138,6 +138,7 @@ mod tests {
                 pool[i],
                 ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
                 *at,
+                crate::shared::endpoint_state::FLAP_WINDOW_MS,
             );
         }
         let view = |e: &Endpoint| {
@@ -243,6 +244,7 @@ mod tests {
                 *e,
                 ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
                 at,
+                crate::shared::endpoint_state::FLAP_WINDOW_MS,
             );
         }
         let view = |e: &Endpoint| InFlight {

@@ -43,6 +43,7 @@
 
 use crate::config::MetricsConfig;
 use crate::endpoint::Endpoint;
+use crate::shared::endpoint_state::FLAP_WINDOW_MS;
 use hashbrown::HashMap;
 
 /// Milliseconds between two scrapes of one endpoint in a pool of
@@ -58,6 +59,15 @@ pub fn period_ms(cfg: &MetricsConfig, pool_len: usize) -> u64 {
 /// healthy endpoint's load unknown).
 pub fn stale_after_ms(cfg: &MetricsConfig, pool_len: usize) -> u64 {
     cfg.stale_after_ms.max(2 * period_ms(cfg, pool_len))
+}
+
+/// How soon after its last drop a prompt-token counter that goes down again
+/// is not an engine restarting but an endpoint in front of several
+/// (`shared::endpoint_state::FLAP_WINDOW_MS`, or 40 scrape periods if that is
+/// longer: the drops of such an endpoint come a few scrapes apart, however
+/// seldom it is scraped).
+pub fn flap_window_ms(cfg: &MetricsConfig, pool_len: usize) -> u64 {
+    FLAP_WINDOW_MS.max(40 * period_ms(cfg, pool_len))
 }
 
 /// How long an endpoint's `/metrics` must have been silent before stall
@@ -331,6 +341,9 @@ mod tests {
         assert_eq!(silence_after_ms(500, &c, 64), 500);
         assert_eq!(silence_after_ms(500, &c, 1024), 512);
         assert_eq!(silence_after_ms(0, &c, 1024), 0, "off stays off");
+        assert_eq!(flap_window_ms(&c, 64), FLAP_WINDOW_MS);
+        assert_eq!(flap_window_ms(&c, 1024), 40 * 256);
+        assert_eq!(flap_window_ms(&cfg(50, 500), 1024), 40 * 2048);
     }
 
     #[test]

@@ -846,7 +846,7 @@ mod tests {
     fn an_engine_that_restarted_is_forgotten_and_its_prompts_go_where_their_prefix_is() {
         use crate::metrics::scrape::ScrapeOutcome;
         use crate::metrics::Reading;
-        use crate::shared::endpoint_state::CounterNews;
+        use crate::shared::endpoint_state::{CounterNews, FLAP_WINDOW_MS};
         let mut r = router(2);
         let mut states = idle_states(&r, 0);
         let scrape = |states: &mut EndpointStates, e: Endpoint, tokens: f64| {
@@ -854,7 +854,8 @@ mod tests {
                 prompt_tokens_total: Some(tokens),
                 ..Reading::default()
             };
-            states.record(e, ScrapeOutcome::Snapshot(reading), 1) == CounterNews::Restarted
+            states.record(e, ScrapeOutcome::Snapshot(reading), 1, FLAP_WINDOW_MS)
+                == CounterNews::Restarted
         };
         let doc: Vec<u64> = (1..=8).collect();
         r.learn(ep(1), &doc, 0);

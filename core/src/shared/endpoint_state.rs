@@ -46,14 +46,15 @@ pub struct ScrapeState {
     #[serde(default)]
     pub restarts: u32,
     /// When the prompt-token counter last went down (wall-clock ms; 0:
-    /// never), a restart or not: a drop within [`FLAP_WINDOW_MS`] of the
-    /// previous one is not counted as a restart ([`CounterNews::Flapped`]).
+    /// never), a restart or not: a drop soon after the previous one is not
+    /// counted as a restart ([`CounterNews::Flapped`]).
     #[serde(default)]
     pub counter_dropped_at_ms: u64,
 }
 
 /// A prompt-token counter that goes down again within this of its last
-/// drop is not one engine restarting: an engine takes seconds to come back
+/// drop (or more when endpoints are scraped seldom:
+/// `metrics::schedule::flap_window_ms`) is not one engine restarting: an engine takes seconds to come back
 /// (a process start, a model load, a readiness probe), and a supervisor
 /// backs off between restarts. It is an endpoint in front of several
 /// engines (a Kubernetes Service, a load balancer, an engine's own router),
@@ -70,8 +71,8 @@ pub enum CounterNews {
     Quiet,
     /// It went down: the engine restarted and its prefix cache is empty.
     Restarted,
-    /// It went down again within [`FLAP_WINDOW_MS`] of its last drop: not a
-    /// restart (see there); `restarts` is left alone.
+    /// It went down again within the flap window of its last drop: not a
+    /// restart (see [`FLAP_WINDOW_MS`]); `restarts` is left alone.
     Flapped,
 }
 
@@ -218,13 +219,15 @@ impl EndpointStates {
     /// about the engine: below the last value read, it restarted (a counter
     /// only a restart takes down; an engine that stops reporting it, or
     /// starts, is no news), unless the counter went down within
-    /// [`FLAP_WINDOW_MS`] before as well: then the endpoint is in front of
-    /// several engines, and the drop is [`CounterNews::Flapped`].
+    /// `flap_window_ms` before as well (`metrics::schedule::flap_window_ms`):
+    /// then the endpoint is in front of several engines, and the drop is
+    /// [`CounterNews::Flapped`].
     pub fn record(
         &mut self,
         endpoint: Endpoint,
         outcome: ScrapeOutcome,
         now_ms: u64,
+        flap_window_ms: u64,
     ) -> CounterNews {
         match outcome {
             ScrapeOutcome::Snapshot(r) => {
@@ -239,7 +242,7 @@ impl EndpointStates {
                     return CounterNews::Quiet;
                 }
                 let last = std::mem::replace(&mut s.counter_dropped_at_ms, now_ms.max(1));
-                if last != 0 && now_ms.saturating_sub(last) < FLAP_WINDOW_MS {
+                if last != 0 && now_ms.saturating_sub(last) < flap_window_ms {
                     return CounterNews::Flapped;
                 }
                 s.restarts = s.restarts.wrapping_add(1);
@@ -596,12 +599,13 @@ mod tests {
             a,
             ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
             1_000,
+            FLAP_WINDOW_MS,
         );
         for _ in 0..5 {
-            t.record(a, ScrapeOutcome::Unreachable, 1_050);
+            t.record(a, ScrapeOutcome::Unreachable, 1_050, FLAP_WINDOW_MS);
         }
         assert!(!t.get(a).healthy(3));
-        t.record(a, ScrapeOutcome::Unreadable, 1_100);
+        t.record(a, ScrapeOutcome::Unreadable, 1_100, FLAP_WINDOW_MS);
         assert!(t.get(a).healthy(3));
         assert_eq!(t.get(a).scraped_at_ms, 1_000);
         assert_eq!(t.get(a).fresh(3_500, 2_000), None);
@@ -615,14 +619,15 @@ mod tests {
             a,
             ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
             1_000,
+            FLAP_WINDOW_MS,
         );
         assert_eq!(t.get(a).answered_at_ms, 1_000);
         assert!(t.unreachable(a, 3), "was a candidate");
         assert!(!t.get(a).healthy(3));
         assert!(!t.unreachable(a, 3), "no change the second time");
-        t.record(a, ScrapeOutcome::Unreachable, 1_050);
+        t.record(a, ScrapeOutcome::Unreachable, 1_050, FLAP_WINDOW_MS);
         assert_eq!(t.get(a).failures, 4);
-        t.record(a, ScrapeOutcome::Unreadable, 1_100);
+        t.record(a, ScrapeOutcome::Unreadable, 1_100, FLAP_WINDOW_MS);
         assert!(t.get(a).healthy(3));
         assert_eq!(t.get(a).answered_at_ms, 1_100);
         // an old encoding without answered_at_ms still decodes
@@ -753,24 +758,41 @@ mod tests {
         use CounterNews::{Quiet, Restarted};
         let mut t = EndpointStates::default();
         let a = ep("10.0.0.1:80");
-        assert_eq!(t.record(a, read(Some(100.0)), 1), Quiet, "first sight");
-        assert_eq!(t.record(a, read(Some(100.0)), 2), Quiet);
-        assert_eq!(t.record(a, read(Some(5_000.0)), 3), Quiet);
         assert_eq!(
-            t.record(a, read(None), 4),
+            t.record(a, read(Some(100.0)), 1, FLAP_WINDOW_MS),
+            Quiet,
+            "first sight"
+        );
+        assert_eq!(t.record(a, read(Some(100.0)), 2, FLAP_WINDOW_MS), Quiet);
+        assert_eq!(t.record(a, read(Some(5_000.0)), 3, FLAP_WINDOW_MS), Quiet);
+        assert_eq!(
+            t.record(a, read(None), 4, FLAP_WINDOW_MS),
             Quiet,
             "a scrape without it is no news"
         );
-        assert_eq!(t.record(a, ScrapeOutcome::Unreachable, 5), Quiet);
-        assert_eq!(t.record(a, ScrapeOutcome::Unreadable, 6), Quiet);
+        assert_eq!(
+            t.record(a, ScrapeOutcome::Unreachable, 5, FLAP_WINDOW_MS),
+            Quiet
+        );
+        assert_eq!(
+            t.record(a, ScrapeOutcome::Unreadable, 6, FLAP_WINDOW_MS),
+            Quiet
+        );
         assert_eq!(t.get(a).restarts, 0);
         assert_eq!(t.get(a).prompt_tokens_total, Some(5_000.0));
-        assert_eq!(t.record(a, read(Some(12.0)), 7), Restarted, "a reset");
+        assert_eq!(
+            t.record(a, read(Some(12.0)), 7, FLAP_WINDOW_MS),
+            Restarted,
+            "a reset"
+        );
         assert_eq!(t.get(a).restarts, 1);
-        assert_eq!(t.record(a, read(Some(40.0)), 8), Quiet);
+        assert_eq!(t.record(a, read(Some(40.0)), 8, FLAP_WINDOW_MS), Quiet);
         // Restarted again, once the engine could have come back.
         let later = 7 + FLAP_WINDOW_MS;
-        assert_eq!(t.record(a, read(Some(0.0)), later), Restarted);
+        assert_eq!(
+            t.record(a, read(Some(0.0)), later, FLAP_WINDOW_MS),
+            Restarted
+        );
         assert_eq!(
             (t.get(a).restarts, t.get(a).prompt_tokens_total),
             (2, Some(0.0))
@@ -798,7 +820,12 @@ mod tests {
             // Both engines serve; the first stays behind the second, so every
             // scrape of it after one of the second is a drop (199 of them).
             let (x, y) = (1e6 + f64::from(k) * 900.0, 2e6 + f64::from(k) * 100.0);
-            news.push(t.record(a, read(Some(if k % 2 == 0 { x } else { y })), now));
+            news.push(t.record(
+                a,
+                read(Some(if k % 2 == 0 { x } else { y })),
+                now,
+                FLAP_WINDOW_MS,
+            ));
             now += 50;
         }
         assert_eq!(news.iter().filter(|&&n| n == Restarted).count(), 1);
@@ -811,16 +838,22 @@ mod tests {
         // It flaps for as long as it goes down within the window of the last
         // drop, however long that lasts; a drop after a quiet window is a
         // restart again.
-        assert_eq!(t.record(a, read(Some(1.0)), now), Flapped);
-        assert_eq!(t.record(a, read(Some(5.0)), now + 1), Quiet);
+        assert_eq!(t.record(a, read(Some(1.0)), now, FLAP_WINDOW_MS), Flapped);
+        assert_eq!(t.record(a, read(Some(5.0)), now + 1, FLAP_WINDOW_MS), Quiet);
         let quiet = now + FLAP_WINDOW_MS;
-        assert_eq!(t.record(a, read(Some(2.0)), quiet), Restarted);
+        assert_eq!(
+            t.record(a, read(Some(2.0)), quiet, FLAP_WINDOW_MS),
+            Restarted
+        );
         assert_eq!(t.get(a).restarts, 2);
         assert_eq!(EndpointStates::decode(&t.encode()).as_ref(), Some(&t));
         // Another endpoint has a window of its own.
         let b = ep("10.0.0.2:80");
-        assert_eq!(t.record(b, read(Some(9.0)), quiet), Quiet);
-        assert_eq!(t.record(b, read(Some(3.0)), quiet + 1), Restarted);
+        assert_eq!(t.record(b, read(Some(9.0)), quiet, FLAP_WINDOW_MS), Quiet);
+        assert_eq!(
+            t.record(b, read(Some(3.0)), quiet + 1, FLAP_WINDOW_MS),
+            Restarted
+        );
     }
 
     #[test]
@@ -866,7 +899,7 @@ mod tests {
                     vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"sql\",waiting_lora_adapters=\"\"} 5\n";
         let outcome =
             crate::metrics::scrape::classify(Some(200), Some(vllm.as_bytes()), &Default::default());
-        t.record(a, outcome, 1_000);
+        t.record(a, outcome, 1_000, FLAP_WINDOW_MS);
         let (sql, fin) = (Some(adapter_id("sql")), Some(adapter_id("fin")));
         let s = t.get(a);
         assert_eq!(s.adapter_fit(sql, 1_500, 2_000), AdapterFit::Running);
@@ -882,6 +915,7 @@ mod tests {
             a,
             ScrapeOutcome::Snapshot(MetricsSnapshot::default().into()),
             4_000,
+            FLAP_WINDOW_MS,
         );
         assert_eq!(t.get(a).adapter_fit(sql, 4_000, 2_000), AdapterFit::Unknown);
     }
