@@ -338,14 +338,18 @@ fn frozen_pod_is_avoided_within_a_second_and_its_requests_are_retried() {
     let envoy = Envoy::start(&endpoints(&sims), c, 2);
     warm_up(&envoy);
     let victim = sims[1].endpoint(0);
-    let freeze_at = Duration::from_millis(1000);
     let freeze = Duration::from_secs(8);
+    // When the pod was frozen, every thread of it stopped: the signal
+    // returns then (a busy box can take a while to deliver it).
+    let frozen_ms = AtomicU64::new(0);
     let out = open_load(envoy.port, 40, 6, Duration::from_millis(4500), |t0| {
-        sleep_until(t0, freeze_at);
+        sleep_until(t0, Duration::from_millis(1000));
         sims[1].signal("STOP");
-        sleep_until(t0, freeze_at + freeze);
+        frozen_ms.store(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+        sleep_until(t0, Duration::from_millis(1000) + freeze);
         sims[1].signal("CONT");
     });
+    let freeze_at = Duration::from_millis(frozen_ms.load(Ordering::Relaxed));
     let (failed, _, _) = tally(&out);
     let stuck: Vec<&Outcome> = out
         .iter()
@@ -359,7 +363,7 @@ fn frozen_pod_is_avoided_within_a_second_and_its_requests_are_retried() {
     );
     let slowest = out.iter().map(|o| o.elapsed).max().unwrap_or_default();
     println!(
-        "freeze: {} requests, {failed} failed, {} sent to the frozen pod after the freeze, {late} of them >1 s after, slowest {slowest:?}",
+        "freeze at {freeze_at:?}: {} requests, {failed} failed, {} sent to the frozen pod after the freeze, {late} of them >1 s after, slowest {slowest:?}",
         out.len(),
         stuck.len()
     );
