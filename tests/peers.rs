@@ -415,6 +415,10 @@ fn a_hostile_peer_changes_nothing() {
         (200, b"not a sync answer at all".to_vec()),
         (200, vec![0u8; 5 * 1024 * 1024]), // past peers.max_response_bytes
         (500, b"oops".to_vec()),
+        // 48 MiB: past what Envoy buffers for a call (32 MiB), so Envoy
+        // resets the call and kvroute's callback gets no answer at all (the
+        // build before 59e8372 read its status anyway, and the SDK panicked).
+        (200, vec![0u8; 48 << 20]),
         (
             200,
             answer(
@@ -431,7 +435,12 @@ fn a_hostile_peer_changes_nothing() {
     let (envoy, served) = replica_of_fake_peer(&pods, hostile);
     let start = Instant::now();
     while served.load(Ordering::SeqCst) < 40 {
-        assert!(start.elapsed() < Duration::from_secs(10), "never asked");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "asked {} times; Envoy's log:\n{}",
+            served.load(Ordering::SeqCst),
+            envoy.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Junk is malformed; the huge answer is refused unread (malformed) or
