@@ -54,9 +54,9 @@ pub struct ScrapeState {
 
 /// A prompt-token counter that goes down again within this of its last
 /// drop (or more when endpoints are scraped seldom:
-/// `metrics::schedule::flap_window_ms`) is not one engine restarting: an engine takes seconds to come back
-/// (a process start, a model load, a readiness probe), and a supervisor
-/// backs off between restarts. It is an endpoint in front of several
+/// `metrics::schedule::flap_window_ms`) is not one engine restarting: an
+/// engine takes seconds to come back (a process start, a model load, a
+/// readiness probe), and a supervisor backs off between restarts. It is an endpoint in front of several
 /// engines (a Kubernetes Service, a load balancer, an engine's own router),
 /// whose scrapes land on a different engine each time; counting each drop
 /// as a restart would empty kvroute's prefix index for it on every other
@@ -854,6 +854,10 @@ mod tests {
             t.record(b, read(Some(3.0)), quiet + 1, FLAP_WINDOW_MS),
             Restarted
         );
+        // A pool scraped seldom has a longer window (40 scrape periods).
+        let later = quiet + 1 + 2 * FLAP_WINDOW_MS;
+        assert_eq!(t.record(b, read(Some(9.0)), later - 1, 60_000), Quiet);
+        assert_eq!(t.record(b, read(Some(1.0)), later, 60_000), Flapped);
     }
 
     #[test]
