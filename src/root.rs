@@ -75,10 +75,9 @@ pub struct KvRouteRoot {
     /// in one update once every scrape in flight has answered (or on the
     /// next tick), not one rewrite of the whole pool's state per answer.
     answers: Vec<(Endpoint, ScrapeOutcome, u64)>,
-    /// Endpoints whose prompt-token counter this VM has warned goes up and
-    /// down (in front of several engines): warned once each (pool members
-    /// only).
-    flapping: HashSet<Endpoint>,
+    /// What this VM has warned about each endpoint: once each (pool
+    /// members only).
+    warned: HashSet<(Endpoint, Warning)>,
     /// When the per-endpoint snapshot-age gauges were last written.
     last_ages_ms: u64,
     /// When membership was last requested.
@@ -107,6 +106,16 @@ fn new_vm_id(ctx: &dyn Context) -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(nanos);
     h.finish() | 1
+}
+
+/// Warnings logged once per endpoint: each holds for as long as the endpoint
+/// is misconfigured, and would otherwise repeat on every scrape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Warning {
+    /// Its prompt-token counter goes up and down (several engines behind it).
+    CounterFlaps,
+    /// Its `/metrics` answers are over `metrics.max_body_bytes`.
+    MetricsTooLarge,
 }
 
 /// What Envoy says of an HTTP call's answer when it calls back.
@@ -139,6 +148,13 @@ impl KvRouteRoot {
             self.get_http_call_response_body(0, answer.body_size)
                 .unwrap_or_default()
         })
+    }
+
+    /// Whether to warn about `endpoint` now: the first time only (while it
+    /// stays in `pool`, sorted).
+    fn first_warning(&mut self, endpoint: Endpoint, warning: Warning, pool: &[Endpoint]) -> bool {
+        self.warned.retain(|(e, _)| pool.binary_search(e).is_ok());
+        self.warned.insert((endpoint, warning))
     }
 
     fn scrape(&mut self, state: &VmState, now: u64) {
@@ -355,11 +371,14 @@ impl KvRouteRoot {
         let max = state.borrow().config().metrics.max_body_bytes;
         let body = self.call_body(answer, max);
         if status.is_some() && body.is_none() {
-            state.borrow().stats.inc(Counter::ScrapeTooLarge);
-            debug!(
-                "kvroute: /metrics of {endpoint}: {} bytes, over metrics.max_body_bytes ({max}); not read",
-                answer.body_size
-            );
+            let st = state.borrow();
+            st.stats.inc(Counter::ScrapeTooLarge);
+            if self.first_warning(endpoint, Warning::MetricsTooLarge, st.router.pool()) {
+                warn!(
+                    "kvroute: /metrics of {endpoint} answered {} bytes, over metrics.max_body_bytes ({max}): not read, so kvroute routes to it without its load figures (raise metrics.max_body_bytes if the engine's metrics are that large)",
+                    answer.body_size
+                );
+            }
         }
         let outcome = classify(status, body.as_deref(), &state.borrow().config().metrics);
         self.answers.push((endpoint, outcome, now));
@@ -419,8 +438,7 @@ impl KvRouteRoot {
                 continue;
             }
             state.stats.inc(Counter::EngineCounterFlaps);
-            self.flapping.retain(|e| pool.binary_search(e).is_ok());
-            if self.flapping.insert(endpoint) {
+            if self.first_warning(endpoint, Warning::CounterFlaps, &pool) {
                 warn!("kvroute: the prompt-token counter of {endpoint} keeps going up and down: it is not one engine (a Service or load balancer in front of several?); its drops are not counted as restarts while they come within {} s of each other, and prefix affinity to it holds only as far as that balancer keeps prompts on one engine", flap_window / 1000);
             }
         }

@@ -225,6 +225,14 @@ fn a_huge_metrics_body_neither_kills_nor_grows_the_scraping_vm() {
         grown >> 20
     );
     assert!(too_large >= 5.0, "read {too_large}");
+    // The operator is told once, not on every scrape.
+    let log = envoy.log();
+    assert_eq!(
+        log.matches("over metrics.max_body_bytes").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains(&sim.endpoint(1)), "{log}");
     // Envoy's own buffer for the answer (it may keep the pages); a copy in
     // the VM, and the parse's, would come on top of it, for good.
     assert!(grown < 28 << 20, "Envoy grew {} MiB", grown >> 20);
