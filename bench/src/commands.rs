@@ -56,6 +56,10 @@ pub struct FleetArgs {
     /// `saturation` rate is still derived for pods of speed 1.
     #[arg(long, value_delimiter = ',')]
     pub pod_speeds: Vec<f64>,
+    /// Simulated pods that keep no prompt for the next request (vLLM with
+    /// `--no-enable-prefix-caching`; passed to `kvroute-sim --no-prefix-caching`).
+    #[arg(long)]
+    pub no_prefix_caching: bool,
     /// Closed loop: concurrent users.
     #[arg(long, default_value_t = 32)]
     pub users: usize,
@@ -166,11 +170,17 @@ impl FleetArgs {
                 max_num_seqs: self.max_num_seqs,
                 time_scale,
                 seed: self.sim_seed,
-                extra_args: if self.pod_speeds.is_empty() {
-                    Vec::new()
-                } else {
-                    let speeds: Vec<String> = self.pod_speeds.iter().map(f64::to_string).collect();
-                    vec!["--pod-speeds".into(), speeds.join(",")]
+                extra_args: {
+                    let mut args = Vec::new();
+                    if !self.pod_speeds.is_empty() {
+                        let speeds: Vec<String> =
+                            self.pod_speeds.iter().map(f64::to_string).collect();
+                        args.extend(["--pod-speeds".into(), speeds.join(",")]);
+                    }
+                    if self.no_prefix_caching {
+                        args.push("--no-prefix-caching".into());
+                    }
+                    args
                 },
             },
             run: RunSettings {

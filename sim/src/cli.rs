@@ -97,6 +97,11 @@ pub struct Cli {
     /// e.g. `1,1,1,0.5`: the last pod is a GPU half as fast.
     #[arg(long, value_delimiter = ',')]
     pub pod_speeds: Vec<f64>,
+    /// Every pod keeps no prompt for another request (vLLM's
+    /// `--no-enable-prefix-caching`): its prefix-cache hit counter stays at 0.
+    /// One pod at run time: the `no_prefix_caching` fault.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
 }
 
 /// The simulator's configuration.
@@ -140,6 +145,8 @@ pub struct SimConfig {
     pub lora_load_s: f64,
     /// Relative speed per pod (pods past the list: 1).
     pub pod_speeds: Vec<f64>,
+    /// No pod keeps prompts for later requests.
+    pub no_prefix_caching: bool,
 }
 
 impl SimConfig {
@@ -176,6 +183,7 @@ impl Default for SimConfig {
             max_loras: 1,
             lora_load_s: 0.1,
             pod_speeds: Vec::new(),
+            no_prefix_caching: false,
         }
     }
 }
@@ -242,6 +250,7 @@ impl Cli {
             max_loras: usize::from(self.max_loras),
             lora_load_s: self.lora_load_ms / 1e3,
             pod_speeds: self.pod_speeds,
+            no_prefix_caching: self.no_prefix_caching,
         })
     }
 }

@@ -38,6 +38,10 @@ pub struct Faults {
     /// Phantom requests: reported as waiting in the metrics and delaying each new
     /// inference request by `queue_inflate x PHANTOM_REQUEST_SECS` simulated seconds.
     pub queue_inflate: u64,
+    /// Whether the pod keeps no prompt for another request: an engine with
+    /// prefix caching off (vLLM's `--no-enable-prefix-caching`), whose
+    /// hit counter stays at 0.
+    pub no_prefix_caching: bool,
 }
 
 impl Default for Faults {
@@ -51,6 +55,7 @@ impl Default for Faults {
             metrics_error: false,
             metrics_pad_bytes: 0,
             queue_inflate: 0,
+            no_prefix_caching: false,
         }
     }
 }
@@ -89,6 +94,8 @@ pub struct FaultUpdate {
     pub metrics_pad_bytes: Option<u64>,
     /// See [`Faults::queue_inflate`].
     pub queue_inflate: Option<u64>,
+    /// See [`Faults::no_prefix_caching`].
+    pub no_prefix_caching: Option<bool>,
     /// Take the pod down (refuse connections) for this many wall milliseconds, then
     /// bring it back by itself.
     pub down_ms: Option<u64>,
@@ -152,6 +159,9 @@ impl FaultUpdate {
         if let Some(v) = self.queue_inflate {
             f.queue_inflate = v;
         }
+        if let Some(v) = self.no_prefix_caching {
+            f.no_prefix_caching = v;
+        }
     }
 }
 
@@ -190,6 +200,10 @@ mod tests {
         FaultUpdate::parse(br#"{"metrics_garbage":true,"metrics_error":true}"#)
             .unwrap()
             .apply(&mut f);
+        FaultUpdate::parse(br#"{"no_prefix_caching":true}"#)
+            .unwrap()
+            .apply(&mut f);
+        assert!(f.no_prefix_caching);
         assert!(f.metrics_error);
         assert_eq!(f.error_rate, 0.5);
         assert_eq!(f.error_status, 429);

@@ -282,11 +282,17 @@ impl Pod {
     /// Runs an inference request: applies faults, then queues it (or, with
     /// `--no-latency`, runs it at once).
     pub async fn infer(self: &Arc<Self>, req: InferenceRequest) -> Result<Generation, InferError> {
-        let (fail, extra_ms, phantoms) = {
+        let (fail, extra_ms, phantoms, caching) = {
             let mut f = lock(&self.faults);
             let rate = f.faults.error_rate;
             let fail = (rate > 0.0 && f.rng.f64() < rate).then_some(f.faults.error_status);
-            (fail, f.faults.extra_latency_ms, f.faults.queue_inflate)
+            let caching = !(self.cfg.no_prefix_caching || f.faults.no_prefix_caching);
+            (
+                fail,
+                f.faults.extra_latency_ms,
+                f.faults.queue_inflate,
+                caching,
+            )
         };
         if let Some(status) = fail {
             self.failed.fetch_add(1, Ordering::Relaxed);
@@ -316,8 +322,15 @@ impl Pod {
         let pieces = pick_pieces(self.cfg.seed, &req.prompt_tokens, req.max_tokens);
         let mut all = req.prompt_tokens;
         all.extend(piece_tokens(&pieces));
-        let hashes = block_hashes(&all, self.sched_cfg.block_size);
+        let mut hashes = block_hashes(&all, self.sched_cfg.block_size);
         let id = self.next_request_id();
+        if !caching {
+            // Blocks of this request alone: no other request can hit them.
+            let salt = fastrand::Rng::with_seed(id ^ self.cfg.seed.rotate_left(32)).u64(..);
+            for h in &mut hashes {
+                *h ^= salt;
+            }
+        }
         let seq = SeqRequest {
             id,
             prompt_len,

@@ -100,6 +100,34 @@ fn error_rate_latency_and_metrics_faults() {
 }
 
 #[test]
+fn no_prefix_caching_keeps_nothing_for_the_next_request() {
+    let hits = |s: &TestSim, pod| {
+        let m = get(&s.url(pod, "/metrics")).body;
+        metric(&m, "vllm:prefix_cache_hits_total", &[]).unwrap()
+    };
+    let prompt = "a long shared prefix ".repeat(40);
+    // Per pod at run time (the fault), or for every pod (the flag).
+    let s = TestSim::start(fast(2));
+    post(&s.url(1, "/sim/fault"), r#"{"no_prefix_caching":true}"#);
+    for pod in [0, 1] {
+        for _ in 0..3 {
+            let r = post(&s.url(pod, "/v1/completions"), &completion(&prompt, 2));
+            assert_eq!(r.status, 200);
+        }
+    }
+    assert!(hits(&s, 0) > 0.0, "a caching pod hits");
+    assert_eq!(hits(&s, 1), 0.0);
+    let s = TestSim::start(SimConfig {
+        no_prefix_caching: true,
+        ..fast(1)
+    });
+    for _ in 0..3 {
+        post(&s.url(0, "/v1/completions"), &completion(&prompt, 2));
+    }
+    assert_eq!(hits(&s, 0), 0.0);
+}
+
+#[test]
 fn queue_inflate_reports_and_delays() {
     let s = TestSim::start(SimConfig {
         time_scale: 1.0,
