@@ -53,6 +53,9 @@ pub struct Reading {
     /// one read means the engine restarted, and its prefix cache with it
     /// (`shared::endpoint_state`).
     pub prompt_tokens_total: Option<f64>,
+    /// The engine's count of prompt tokens served from its prefix cache
+    /// (summed over series), when it reports one (`cache_trust`).
+    pub prefix_hits_total: Option<f64>,
 }
 
 impl From<MetricsSnapshot> for Reading {

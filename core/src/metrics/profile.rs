@@ -11,9 +11,13 @@
 //! | `kv_capacity_tokens` | `vllm:cache_config_info` labels `block_size` x `num_gpu_blocks` | - | - | - |
 //! | `lora` | `vllm:lora_requests_info` labels (the sample with the largest value: `metrics/lora.rs`) | - | - | - |
 //! | `prompt_tokens_total` | `vllm:prompt_tokens_total` | `sglang:prompt_tokens_total` | - | `llamacpp:prompt_tokens_total` |
+//! | `prefix_hits_total` | `vllm:prefix_cache_hits_total`, else `vllm:gpu_prefix_cache_hits_total`; plus `vllm:external_prefix_cache_hits_total` | `sglang:cached_tokens_total` | - | - |
 //!
 //! `prompt_tokens_total` is not load: a counter that only a restart of the
 //! engine (which empties its prefix cache) takes down (`Reading`).
+//! `prefix_hits_total` is the engine's count of prompt tokens it served
+//! from its prefix cache (an external one, vLLM's KV connectors, included):
+//! `cache_trust.rs` compares it with what kvroute believed cached.
 //!
 //! llama.cpp: `requests_deferred` are requests waiting for a free slot (the
 //! queue), `requests_processing` the busy slots. A current `llama-server`
@@ -67,6 +71,9 @@ pub struct NameProfile<'a> {
     pub lora_info: Option<&'a str>,
     /// Counter of prompt tokens processed since the engine started.
     pub prompt_tokens: Option<&'a str>,
+    /// Counters of prompt tokens served from the prefix cache: the first
+    /// present of the first two, plus the third (an external cache).
+    pub prefix_hits: [Option<&'a str>; 3],
 }
 
 /// vLLM (V0 and V1 engines).
@@ -82,6 +89,11 @@ pub const VLLM: NameProfile<'static> = NameProfile {
     cache_config: Some("vllm:cache_config_info"),
     lora_info: Some("vllm:lora_requests_info"),
     prompt_tokens: Some("vllm:prompt_tokens_total"),
+    prefix_hits: [
+        Some("vllm:prefix_cache_hits_total"),
+        Some("vllm:gpu_prefix_cache_hits_total"),
+        Some("vllm:external_prefix_cache_hits_total"),
+    ],
 };
 
 /// SGLang.
@@ -94,6 +106,7 @@ pub const SGLANG: NameProfile<'static> = NameProfile {
     cache_config: None,
     lora_info: None,
     prompt_tokens: Some("sglang:prompt_tokens_total"),
+    prefix_hits: [Some("sglang:cached_tokens_total"), None, None],
 };
 
 /// TensorRT-LLM's `trtllm-serve`.
@@ -106,6 +119,7 @@ pub const TRTLLM: NameProfile<'static> = NameProfile {
     cache_config: None,
     lora_info: None,
     prompt_tokens: None,
+    prefix_hits: [None; 3],
 };
 
 /// llama.cpp's `llama-server --metrics`.
@@ -118,6 +132,7 @@ pub const LLAMACPP: NameProfile<'static> = NameProfile {
     cache_config: None,
     lora_info: None,
     prompt_tokens: Some("llamacpp:prompt_tokens_total"),
+    prefix_hits: [None; 3],
 };
 
 impl<'a> NameProfile<'a> {
@@ -147,6 +162,7 @@ impl<'a> NameProfile<'a> {
             cache_config: self.cache_config,
             lora_info: self.lora_info,
             prompt_tokens: self.prompt_tokens,
+            prefix_hits: self.prefix_hits,
         }
     }
 
@@ -166,6 +182,7 @@ impl<'a> NameProfile<'a> {
                 cache_config: None,
                 lora_info: None,
                 prompt_tokens: None,
+                prefix_hits: [None; 3],
             }
             .with_overrides(cfg)],
             e => vec![NameProfile::builtin(e).unwrap_or(VLLM).with_overrides(cfg)],
@@ -219,6 +236,7 @@ pub fn read_all(text: &str, cfg: &MetricsConfig) -> Result<(Reading, Engine), Me
             .chain(p.cache_config)
             .chain(p.lora_info)
             .chain(p.prompt_tokens)
+            .chain(p.prefix_hits.into_iter().flatten())
         {
             if !names.contains(&n) {
                 names.push(n);
@@ -304,6 +322,13 @@ pub fn read_all(text: &str, cfg: &MetricsConfig) -> Result<(Reading, Engine), Me
             },
             lora: lora.filter(|_| p.lora_info.is_some()).map(|(_, l)| l),
             prompt_tokens_total: acc(p.prompt_tokens).total().filter(|v| v.is_finite()),
+            prefix_hits_total: {
+                let [first, second, external] = p.prefix_hits.map(|n| acc(n).total());
+                first
+                    .or(second)
+                    .map(|v| v + external.unwrap_or(0.0))
+                    .filter(|v| v.is_finite())
+            },
         },
         p.engine,
     ))
@@ -360,6 +385,33 @@ mod tests {
         assert_eq!(total("vllm:num_requests_waiting 1\n", Engine::Auto), None);
         let text = "vllm:num_requests_waiting 1\nsglang:prompt_tokens_total 9\n";
         assert_eq!(total(text, Engine::Auto), None);
+    }
+
+    #[test]
+    fn the_prefix_hit_counter_of_each_engine() {
+        let hits = |text: &str, engine| read_all(text, &cfg(engine)).unwrap().0.prefix_hits_total;
+        let vllm = fixture!("vllm-0.29.0-v1-qwen2.5-1.5b-inferstack.txt");
+        assert_eq!(hits(vllm, Engine::Auto), Some(432.0));
+        // vLLM 0.10 named it `gpu_prefix_cache_hits_total`.
+        let glm = fixture!("vllm-0.10.0-v1-glm4.5-fragment.txt");
+        assert_eq!(hits(glm, Engine::Vllm), Some(0.0));
+        let sglang = fixture!("sglang-pr7944-deepseek-r1-fragment.txt");
+        assert_eq!(hits(sglang, Engine::Sglang), Some(2688.0));
+        // The current name wins over the old one; an external cache's hits
+        // (a KV connector) add; data-parallel series are summed.
+        let text = "vllm:num_requests_waiting 0\n\
+                    vllm:prefix_cache_hits_total{engine=\"0\"} 100\n\
+                    vllm:prefix_cache_hits_total{engine=\"1\"} 20\n\
+                    vllm:gpu_prefix_cache_hits_total{engine=\"0\"} 7\n\
+                    vllm:external_prefix_cache_hits_total{engine=\"0\"} 3\n";
+        assert_eq!(hits(text, Engine::Auto), Some(123.0));
+        // External hits alone are not the counter; engines without one
+        // (llama.cpp, TensorRT-LLM) report none.
+        let text = "vllm:num_requests_waiting 0\nvllm:external_prefix_cache_hits_total 3\n";
+        assert_eq!(hits(text, Engine::Auto), None);
+        let llamacpp = fixture!("llamacpp-11434-smollm2-after-3-requests.txt");
+        assert_eq!(hits(llamacpp, Engine::Auto), None);
+        assert_eq!(hits("trtllm_num_requests_waiting 1\n", Engine::Auto), None);
     }
 
     #[test]

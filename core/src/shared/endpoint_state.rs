@@ -50,6 +50,12 @@ pub struct ScrapeState {
     /// counted as a restart ([`CounterNews::Flapped`]).
     #[serde(default)]
     pub counter_dropped_at_ms: u64,
+    /// The engine's count of prompt tokens served from its prefix cache at
+    /// the last scrape that had one (`metrics::Reading`): every worker
+    /// compares its growth with what its own requests believed cached
+    /// (`cache_trust`).
+    #[serde(default)]
+    pub prefix_hits_total: Option<f64>,
 }
 
 /// A prompt-token counter that goes down again within this of its last
@@ -233,6 +239,7 @@ impl EndpointStates {
             ScrapeOutcome::Snapshot(r) => {
                 self.succeed_with_lora(endpoint, r.snapshot, r.lora, now_ms);
                 let s = self.entry(endpoint);
+                s.prefix_hits_total = r.prefix_hits_total;
                 let Some(now) = r.prompt_tokens_total else {
                     return CounterNews::Quiet;
                 };
@@ -272,7 +279,7 @@ impl EndpointStates {
         self.entries.retain(|(e, _)| members.contains(e));
     }
 
-    fn entry(&mut self, endpoint: Endpoint) -> &mut ScrapeState {
+    pub(crate) fn entry(&mut self, endpoint: Endpoint) -> &mut ScrapeState {
         let i = match self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
             Ok(i) => i,
             Err(i) => {
@@ -299,12 +306,19 @@ impl EndpointStates {
     /// (after the snapshot) is `listed_at_ms` (u64), a count (u8, at most
     /// [`MAX_IDS`]) and the sorted model ids (u32 each); then
     /// `prompt_tokens_total` (f64), `restarts` (u32, written when not 0) and
-    /// `counter_dropped_at_ms` (u64, written when not 0).
+    /// `counter_dropped_at_ms` (u64, written when not 0); then a second flag
+    /// byte (bit 0: `prefix_hits_total`) and that counter (f64).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(VERSION)
+    }
+
+    /// [`EndpointStates::encode`] in the layout of `version` (5 or 6: the
+    /// tests write the older ones' bytes with it).
+    fn encode_as(&self, version: u8) -> Vec<u8> {
         let n = self.entries.len().min(u16::MAX as usize);
         let mut out = Vec::with_capacity(7 + n * 64);
         out.extend_from_slice(MAGIC);
-        out.push(VERSION);
+        out.push(version);
         out.extend_from_slice(&(n as u16).to_le_bytes());
         for (e, s) in self.entries.iter().take(n) {
             e.encode_into(&mut out);
@@ -318,7 +332,7 @@ impl EndpointStates {
                 | u8::from(s.counter_dropped_at_ms != 0) << 7;
             let Some(snap) = s.snapshot else {
                 out.push(own);
-                encode_own(s, &mut out);
+                encode_own(s, version, &mut out);
                 continue;
             };
             // Destructured so that a new snapshot field fails to compile here
@@ -347,7 +361,7 @@ impl EndpointStates {
             if let Some(l) = lora {
                 encode_lora(&l, &mut out);
             }
-            encode_own(s, &mut out);
+            encode_own(s, version, &mut out);
         }
         out
     }
@@ -372,16 +386,19 @@ impl EndpointStates {
 const MAGIC: &[u8; 4] = b"KVES";
 /// Version 2 added the `lora` flag, version 3 the `served` one, version 4
 /// the engine's prompt-token counter and restarts, version 5 when the
-/// counter last went down; values of the older versions (without those
-/// flags) decode as well.
-const VERSION: u8 = 5;
+/// counter last went down, version 6 a second flag byte (the prefix-cache
+/// hit counter); values of the older versions (without those flags) decode
+/// as well.
+const VERSION: u8 = 6;
 /// Flag bits each version may set.
-const FLAGS: [u8; 5] = [0x07, 0x0f, 0x1f, 0x7f, 0xff];
+const FLAGS: [u8; 6] = [0x07, 0x0f, 0x1f, 0x7f, 0xff, 0xff];
+/// Bits of the second flag byte (version 6 on).
+const FLAGS2: u8 = 0x01;
 
 /// What follows the snapshot whether or not there is one: `served`, the
 /// prompt-token counter, the restarts, the counter's last drop (each when
-/// its flag is set).
-fn encode_own(s: &ScrapeState, out: &mut Vec<u8>) {
+/// its flag is set), the second flag byte and the prefix-hit counter.
+fn encode_own(s: &ScrapeState, version: u8, out: &mut Vec<u8>) {
     encode_served(s.served.as_ref(), out);
     if let Some(t) = s.prompt_tokens_total {
         out.extend_from_slice(&t.to_le_bytes());
@@ -391,6 +408,13 @@ fn encode_own(s: &ScrapeState, out: &mut Vec<u8>) {
     }
     if s.counter_dropped_at_ms != 0 {
         out.extend_from_slice(&s.counter_dropped_at_ms.to_le_bytes());
+    }
+    if version < 6 {
+        return;
+    }
+    out.push(u8::from(s.prefix_hits_total.is_some()));
+    if let Some(h) = s.prefix_hits_total {
+        out.extend_from_slice(&h.to_le_bytes());
     }
 }
 
@@ -482,6 +506,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             prompt_tokens_total: None,
             restarts: 0,
             counter_dropped_at_ms: 0,
+            prefix_hits_total: None,
         };
         let flags = next::<1>(r)?[0];
         if flags & !known_flags != 0 {
@@ -520,6 +545,15 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
         }
         if flags & 0x80 != 0 {
             s.counter_dropped_at_ms = u64::from_le_bytes(next(r)?);
+        }
+        if version >= 6 {
+            let flags2 = next::<1>(r)?[0];
+            if flags2 & !FLAGS2 != 0 {
+                return None;
+            }
+            if flags2 & 1 != 0 {
+                s.prefix_hits_total = Some(f64::from_le_bytes(next(r)?));
+            }
         }
         entries.push((endpoint, s));
     }
@@ -687,6 +721,9 @@ mod tests {
                 s.restarts = u32::from(i % 6 % 2);
                 s.counter_dropped_at_ms = if i % 6 == 1 { 7_000 + u64::from(i) } else { 0 };
             }
+            if i % 4 != 1 {
+                t.entry(e).prefix_hits_total = (i % 3 == 0).then_some(f64::from(i) * 1e5);
+            }
             // Lists of every length (none, empty, up to the cap; past the
             // first 50, the one or two names a real pod lists), on every
             // kind of entry.
@@ -735,19 +772,18 @@ mod tests {
             s.prompt_tokens_total = None;
             s.restarts = 0;
             s.counter_dropped_at_ms = 0;
+            s.prefix_hits_total = None;
         }
-        let mut v2 = old.encode();
-        v2[4] = 2;
+        let v2 = old.encode_as(2);
         assert_eq!(EndpointStates::decode(&v2), Some(old.clone()));
         // ... and one claiming a flag its version did not have is garbage.
-        let mut bad = bytes.clone();
-        bad[4] = 2;
+        let bad = t.encode_as(2);
         assert_eq!(EndpointStates::decode(&bad), None);
         // A count over the cap is garbage, not an allocation.
         let mut one = EndpointStates::default();
         one.listed(ep("10.0.0.1:80"), ServedModels::new(vec![7], 9));
         let mut b = one.encode();
-        let count_at = b.len() - 5;
+        let count_at = b.len() - 6;
         assert_eq!(b[count_at], 1);
         b[count_at] = MAX_IDS as u8 + 1;
         assert_eq!(EndpointStates::decode(&b), None);
@@ -868,13 +904,12 @@ mod tests {
             s.prompt_tokens_total = None;
             s.restarts = 0;
             s.counter_dropped_at_ms = 0;
+            s.prefix_hits_total = None;
         }
-        let mut v3 = old.encode();
-        v3[4] = 3;
+        let v3 = old.encode_as(3);
         assert_eq!(EndpointStates::decode(&v3), Some(old));
         // A version 3 value with the new flags is garbage.
-        let mut bad = t.encode();
-        bad[4] = 3;
+        let bad = t.encode_as(3);
         assert_eq!(EndpointStates::decode(&bad), None);
     }
 
@@ -884,13 +919,12 @@ mod tests {
         let mut old = t.clone();
         for (_, s) in &mut old.entries {
             s.counter_dropped_at_ms = 0;
+            s.prefix_hits_total = None;
         }
-        let mut v4 = old.encode();
-        v4[4] = 4;
+        let v4 = old.encode_as(4);
         assert_eq!(EndpointStates::decode(&v4), Some(old));
         assert!(t.entries.iter().any(|(_, s)| s.counter_dropped_at_ms != 0));
-        let mut bad = t.encode();
-        bad[4] = 4;
+        let bad = t.encode_as(4);
         assert_eq!(EndpointStates::decode(&bad), None);
     }
 
@@ -954,12 +988,54 @@ mod tests {
             kv_capacity_tokens: Some(4096),
         };
         t.succeed(ep("10.0.0.2:8000"), snap, 9);
-        // The same bytes under the current version number (4 added only
-        // flags these entries do not set).
+        // The same bytes in version 5's layout (4 and 5 added only flags
+        // these entries do not set; 6 a second flag byte per entry).
         let mut now = before.clone();
-        now[4] = VERSION;
-        assert_eq!(t.encode(), now);
+        now[4] = 5;
+        assert_eq!(t.encode_as(5), now);
         assert_eq!(EndpointStates::decode(&before), Some(t));
+    }
+
+    #[test]
+    fn version_5_values_decode_without_the_prefix_hit_counter() {
+        let t = mixed(40);
+        let mut old = t.clone();
+        for (_, s) in &mut old.entries {
+            s.prefix_hits_total = None;
+        }
+        assert_eq!(EndpointStates::decode(&old.encode_as(5)), Some(old));
+        assert!(t.entries.iter().any(|(_, s)| s.prefix_hits_total.is_some()));
+        // Version 6 bytes under version 5 are garbage (a byte too many per
+        // entry), and so is an unknown bit in the second flag byte.
+        let mut bad = t.encode();
+        bad[4] = 5;
+        assert_eq!(EndpointStates::decode(&bad), None);
+        let mut one = EndpointStates::default();
+        one.succeed(ep("10.0.0.1:80"), MetricsSnapshot::default(), 5);
+        let mut bytes = one.encode();
+        let flags2 = bytes.len() - 1;
+        assert_eq!(bytes[flags2], 0);
+        bytes[flags2] = 2;
+        assert_eq!(EndpointStates::decode(&bytes), None);
+    }
+
+    #[test]
+    fn the_prefix_hit_counter_of_a_scrape_is_kept_and_travels() {
+        let mut t = EndpointStates::default();
+        let a = ep("10.0.0.1:80");
+        let reading = |hits| {
+            ScrapeOutcome::Snapshot(crate::metrics::Reading {
+                prefix_hits_total: hits,
+                ..crate::metrics::Reading::default()
+            })
+        };
+        t.record(a, reading(Some(640.0)), 1, FLAP_WINDOW_MS);
+        assert_eq!(t.get(a).prefix_hits_total, Some(640.0));
+        assert_eq!(EndpointStates::decode(&t.encode()).as_ref(), Some(&t));
+        t.record(a, ScrapeOutcome::Unreadable, 2, FLAP_WINDOW_MS);
+        assert_eq!(t.get(a).prefix_hits_total, Some(640.0), "not a reading");
+        t.record(a, reading(None), 3, FLAP_WINDOW_MS);
+        assert_eq!(t.get(a).prefix_hits_total, None, "no longer reported");
     }
 
     #[test]
@@ -976,10 +1052,9 @@ mod tests {
                     bytes.len(),
                     json.len()
                 );
-                // 68.9 KiB (the mix has many LoRA lists); a vLLM endpoint
-                // with a snapshot and its prompt-token counter takes ~70
-                // bytes.
-                assert!(bytes.len() < 72 * 1024, "{}", bytes.len());
+                // 72.5 KiB (the mix has many LoRA lists); a vLLM endpoint
+                // with a snapshot and its two counters takes ~80 bytes.
+                assert!(bytes.len() < 76 * 1024, "{}", bytes.len());
             }
         }
     }
