@@ -66,6 +66,9 @@ pub struct RequestFilter {
     decided: bool,
     /// False once Envoy reported that the chosen endpoint did not answer.
     chosen_answered: bool,
+    /// The chosen endpoint's 2xx answer reached its end (`cache_trust`
+    /// learns from it in `on_log`).
+    answered_in_full: bool,
     /// The client asked for a stream (`"stream": true`).
     stream: bool,
     /// The response status is 2xx: the engine prefilled the prompt (an
@@ -95,6 +98,7 @@ impl RequestFilter {
             body_bytes: 0,
             decided: false,
             chosen_answered: true,
+            answered_in_full: false,
             stream: false,
             answer_ok: false,
             read_model: false,
@@ -429,6 +433,7 @@ impl HttpContext for RequestFilter {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.answered_in_full |= end_of_stream && self.answer_ok && self.chosen_answered;
         // Only a chunk the chosen endpoint sent is its progress; otherwise
         // on_log settles the request as unanswered.
         if !self.tokens_released && self.chosen_answered {
@@ -461,6 +466,9 @@ impl HttpContext for RequestFilter {
     }
 
     fn on_log(&mut self) {
+        if let (true, Some(r)) = (self.answered_in_full, &self.routed) {
+            self.state.borrow_mut().completed(r);
+        }
         if let Some(at) = self.answered_at {
             if let Some(r) = self.routed.take() {
                 self.state.borrow_mut().answered_and_finished(

@@ -61,6 +61,10 @@ pub enum Counter {
     /// `shared::endpoint_state::FLAP_WINDOW_MS` of its last one, not counted
     /// as restarts: the endpoint is in front of several engines.
     EngineCounterFlaps,
+    /// Verdicts of a worker that an engine keeps (almost) none of the
+    /// prompts sent to it (`prefix.verify_engine_cache`): its prefixes count
+    /// for nothing in that worker's decisions until it keeps them again.
+    EngineCacheDistrusted,
     /// Successful `/metrics` scrapes.
     ScrapeSuccess,
     /// Failed `/metrics` scrapes (connect error, timeout, non-200, unreadable).
@@ -126,7 +130,7 @@ pub enum Counter {
     EndpointStatsDropped,
 }
 
-const COUNTERS: [(Counter, &str); 45] = [
+const COUNTERS: [(Counter, &str); 46] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -154,6 +158,10 @@ const COUNTERS: [(Counter, &str); 45] = [
     ),
     (Counter::EngineRestarts, "kvroute.engine_restarts"),
     (Counter::EngineCounterFlaps, "kvroute.engine_counter_flaps"),
+    (
+        Counter::EngineCacheDistrusted,
+        "kvroute.engine_cache_distrusted",
+    ),
     (Counter::ScrapeSuccess, "kvroute.scrape.success"),
     (Counter::ScrapeFailure, "kvroute.scrape.failure"),
     (Counter::ScrapeTooLarge, "kvroute.scrape.too_large"),
@@ -212,6 +220,9 @@ pub enum EndpointGauge {
     SnapshotAgeMs,
     /// Waiting requests in the latest snapshot.
     Waiting,
+    /// 1 while its engine is believed to keep (almost) none of the prompts
+    /// sent to it (`prefix.verify_engine_cache`), 0 once it keeps them again.
+    CacheDistrusted,
 }
 
 impl EndpointGauge {
@@ -221,6 +232,7 @@ impl EndpointGauge {
             EndpointGauge::Healthy => "healthy",
             EndpointGauge::SnapshotAgeMs => "snapshot_age_ms",
             EndpointGauge::Waiting => "waiting",
+            EndpointGauge::CacheDistrusted => "cache_distrusted",
         }
     }
 }

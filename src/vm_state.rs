@@ -8,6 +8,7 @@
 
 use crate::shared_store::{LogCursor, SharedStore, Snapshot};
 use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
+use kvroute_core::cache_trust::TrustChange;
 use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
 use kvroute_core::models::Scope;
@@ -22,7 +23,7 @@ use kvroute_core::shared::decision_log::LogEntry;
 use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use kvroute_core::ttft::Prediction;
-use log::{debug, warn};
+use log::{debug, info, warn};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
@@ -57,9 +58,10 @@ pub struct Routed {
     /// read back when a fallback answers instead (`VmState::served_by`) or
     /// the endpoint refuses it (`VmState::refused`).
     pub log_seq: Option<u64>,
-    /// Leading blocks of the prompt the endpoint already held: what a
-    /// refusal leaves it.
-    pub matched_blocks: usize,
+    /// Leading blocks of the prompt the endpoint already held by the
+    /// index: what a refusal leaves it, and what a full answer shows its
+    /// engine kept (`cache_trust`).
+    pub held_blocks: usize,
 }
 
 impl Routed {
@@ -263,6 +265,9 @@ impl VmState {
         for endpoint in self.router.observe(&self.states) {
             debug!("kvroute: the engine at {endpoint} restarted: its prefixes are forgotten");
         }
+        for (endpoint, change) in self.router.check_engine_caches(&self.states, now_ms) {
+            self.note_cache_trust(endpoint, change);
+        }
         if self.routes {
             self.replay_log();
             self.apply_deferred(None);
@@ -401,8 +406,30 @@ impl VmState {
             debug,
             at_ms: now_ms,
             log_seq,
-            matched_blocks: decision.matched_blocks,
+            held_blocks: decision.held_blocks,
         })
+    }
+
+    /// Counts and logs a change of what this worker believes `endpoint`'s
+    /// engine keeps (`cache_trust`).
+    fn note_cache_trust(&mut self, endpoint: Endpoint, change: TrustChange) {
+        let distrusted = matches!(change, TrustChange::Distrusted { .. });
+        self.stats.endpoint_gauge(
+            endpoint,
+            EndpointGauge::CacheDistrusted,
+            u64::from(distrusted),
+        );
+        match change {
+            TrustChange::Distrusted { believed, hits } => {
+                self.stats.inc(Counter::EngineCacheDistrusted);
+                warn!(
+                    "kvroute: the engine at {endpoint} reported {hits:.0} prompt tokens served from its prefix cache while this worker's requests to it expected about {believed:.0}: it keeps (almost) none of the prompts sent to it (prefix caching off, or a cache too small for them); its prefixes are not used for routing until it keeps them again (prefix.verify_engine_cache)"
+                );
+            }
+            TrustChange::Trusted => {
+                info!("kvroute: the engine at {endpoint} is trusted to keep prompts again: its prefixes count for routing");
+            }
+        }
     }
 
     /// Counts (and logs) endpoints that became stalled since the last look.
@@ -455,6 +482,14 @@ impl VmState {
             t.finish(endpoint, None);
         });
         self.learn_first_byte(routed, objective, first_token, answered_ms);
+    }
+
+    /// The chosen endpoint answered `routed` in full with a 2xx: evidence
+    /// of what its engine keeps (`cache_trust`; an engine may count its
+    /// cache hits only when a request finishes, as SGLang does).
+    pub fn completed(&mut self, routed: &Routed) {
+        self.router
+            .completed_with_prefix(routed.endpoint, routed.held_blocks, routed.at_ms);
     }
 
     /// `endpoint` streamed `bytes` of a 2xx answer after its first chunk in
@@ -538,7 +573,7 @@ impl VmState {
         };
         entry
             .blocks
-            .drain(..routed.matched_blocks.min(entry.blocks.len()));
+            .drain(..routed.held_blocks.min(entry.blocks.len()));
         if entry.blocks.is_empty() {
             return;
         }

@@ -631,6 +631,98 @@ fn an_endpoint_in_front_of_two_engines_is_not_taken_for_an_engine_restarting_on_
 }
 
 #[test]
+fn an_engine_that_keeps_no_prompts_loses_its_affinity_until_it_keeps_them_again() {
+    // Pod 0's engine keeps no prompt for the next request (prefix caching
+    // off): its hit counter stays at 0 while kvroute sends it questions on
+    // documents its index says it holds. Affinity to it saves nothing and
+    // piles load on it; kvroute must notice and place those by load.
+    let args = ["--time-scale", "0.1"];
+    let mut sims = pods(2, &args);
+    let (a, b) = (sims[0].endpoint(0), sims[1].endpoint(0));
+    let envoy = Envoy::start(&[a.clone(), b.clone()], config(json!({})), 2);
+    warm_up(&envoy);
+    sims[0].fault(0, json!({"no_prefix_caching": true}));
+    let label = a.replace(['.', ':'], "_");
+    let gauge = format!("wasmcustom.kvroute.endpoint.{label}.cache_distrusted");
+    let verdicts = || envoy.stat("wasmcustom.kvroute.engine_cache_distrusted");
+    let ask = |prompt: &str| {
+        let (status, debug) = ask_prompt(&envoy, prompt);
+        assert_eq!(status, 200, "{debug}");
+        debug
+    };
+    let on = |debug: &str, e: &str| debug.starts_with(&format!("endpoint={e};"));
+    let doc = |n: u32| {
+        format!(
+            "document {n}: {}",
+            "lorem ipsum dolor sit amet ".repeat(200)
+        )
+    };
+    // Documents and questions on them until every worker (2) has seen two
+    // windows of its requests to pod 0 find nothing cached.
+    let t0 = Instant::now();
+    let (mut n, mut on_b) = (0, Vec::new());
+    let mut sticky = 0;
+    while verdicts() < 2.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "not noticed: {} verdicts",
+            verdicts()
+        );
+        n += 1;
+        if on(&ask(&doc(n)), &b) {
+            on_b.push(n);
+        }
+        for q in 0..4 {
+            let debug = ask(&format!("{} question {q}", doc(n)));
+            sticky += usize::from(debug.contains("reason=Prefix"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    println!("noticed after {:?}, {n} documents", t0.elapsed());
+    assert!(sticky > 0, "questions followed their documents at first");
+    let log = envoy.log();
+    let warned = |e: &str| log.contains(&format!("the engine at {e} reported 0 prompt tokens"));
+    assert!(warned(&a) && !warned(&b), "{log}");
+    assert_eq!(envoy.stat(&gauge), 1.0);
+    // Every worker's tick applies it (50 ms).
+    std::thread::sleep(Duration::from_millis(200));
+    // A question on a document on pod 0 is placed like a new prompt; one
+    // on a document on pod 1 still follows its document.
+    let mut cold = 0;
+    while cold < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{cold}");
+        n += 1;
+        if on(&ask(&doc(n)), &a) {
+            let debug = ask(&format!("{} question", doc(n)));
+            assert!(debug.contains("reason=Cold"), "{debug}");
+            cold += 1;
+        }
+    }
+    let held_by_b = on_b.first().expect("a document went to pod 1");
+    let debug = ask(&format!("{} last question", doc(*held_by_b)));
+    assert!(on(&debug, &b) && debug.contains("reason=Prefix"), "{debug}");
+    // The engine restarts with prefix caching on: trusted again at once,
+    // and questions follow their documents there again.
+    let port = sims[0].base_port;
+    sims[0].kill();
+    sims[0] = Sim::start_at(port, 1, &args);
+    while envoy.stat(&gauge) != 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(80), "not trusted again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(100));
+        n += 1;
+        if on(&ask(&doc(n)), &a) {
+            let debug = ask(&format!("{} question", doc(n)));
+            assert!(on(&debug, &a) && debug.contains("reason=Prefix"), "{debug}");
+            break;
+        }
+    }
+}
+
+#[test]
 fn all_pods_down_fail_fast_and_recover_when_back() {
     let mut sims = pods(3, &["--time-scale", "0.1"]);
     let ports: Vec<u16> = sims.iter().map(|s| s.base_port).collect();

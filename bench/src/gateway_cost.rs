@@ -207,6 +207,7 @@ pub async fn kvroute_counters(admins: &[&str]) -> BTreeMap<String, u64> {
                     "failover.unanswered",
                     "failover.fallback_answered",
                     "failover.refused",
+                    "engine_cache_distrusted",
                 ]
                 .contains(&k)
             {

@@ -284,6 +284,10 @@ pub struct PrefixConfig {
     /// Follow `vllm:cache_config_info` (block_size x num_gpu_blocks) when an
     /// endpoint reports it, instead of `capacity_blocks`.
     pub follow_engine_capacity: bool,
+    /// Check each engine's prefix-cache hit counter against what kvroute's
+    /// requests believed cached there, and stop valuing the prefixes of an
+    /// engine that keeps (almost) none of them (`cache_trust.rs`).
+    pub verify_engine_cache: bool,
     /// Most JSON values (and keys) of `tools` and `tool_calls` one request
     /// may hold; the only parts of a body built as values (to sort their
     /// keys). A body over it is routed by load.
@@ -298,6 +302,7 @@ impl Default for PrefixConfig {
             max_prompt_tokens: 262_144,
             capacity_blocks: 31_250,
             follow_engine_capacity: true,
+            verify_engine_cache: true,
             max_json_nodes: 32_768,
         }
     }

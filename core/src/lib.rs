@@ -20,6 +20,7 @@
 //! passed in, so tests, the simulator and the filter control them.
 
 pub mod answer;
+pub mod cache_trust;
 pub mod config;
 pub mod decode_speed;
 pub mod discovery;

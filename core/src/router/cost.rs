@@ -96,6 +96,7 @@ impl Router {
                 CostCheck::LeftSlowerDecoder => decision.reason,
             };
             decision.matched_blocks = c.matched_blocks;
+            decision.held_blocks = c.matched_blocks;
             decision.prediction = Some(p);
         }
     }

@@ -11,6 +11,7 @@
 //! the prefix matches), the scheduler's pick, learning. In `cost.rs`: each
 //! candidate's predicted TTFT and the cost checks that may overrule the pick.
 
+use crate::cache_trust::{CacheTrust, TrustChange};
 use crate::config::{Config, Profile};
 use crate::decode_speed::DecodeSpeed;
 use crate::endpoint::Endpoint;
@@ -44,6 +45,8 @@ pub struct Router {
     /// (A VM's first look finds its index empty: the shell observes before
     /// it replays the decision log.)
     restarts: HashMap<Endpoint, u32>,
+    /// Whether each engine keeps what the index says it holds.
+    cache_trust: CacheTrust,
     ttft: TtftModel,
     decode: DecodeSpeed,
     models: ModelPools,
@@ -59,6 +62,7 @@ impl Router {
             last_picked: Vec::new(),
             capacity: HashMap::new(),
             restarts: HashMap::new(),
+            cache_trust: CacheTrust::default(),
             ttft: TtftModel::new(&config.scheduling.ttft),
             decode: DecodeSpeed::new(config.scheduling.ttft.learning_rate),
             models: ModelPools::new(&config.models),
@@ -156,6 +160,7 @@ impl Router {
             .collect();
         self.capacity.retain(|e, _| pool.binary_search(e).is_ok());
         self.restarts.retain(|e, _| pool.binary_search(e).is_ok());
+        self.cache_trust.retain(&pool);
         self.ttft.retain(&pool);
         self.decode.retain(&pool);
         self.pool = pool;
@@ -198,6 +203,54 @@ impl Router {
             }
         }
         forgotten
+    }
+
+    /// With `prefix.verify_engine_cache`, follows each pool endpoint's
+    /// prefix-cache hit counter in the scrape states, seen at `now_ms`
+    /// (`cache_trust`); returns the endpoints whose trust changed.
+    pub fn check_engine_caches(
+        &mut self,
+        states: &EndpointStates,
+        now_ms: u64,
+    ) -> Vec<(Endpoint, TrustChange)> {
+        if !self.config.prefix.verify_engine_cache {
+            return Vec::new();
+        }
+        let mut changes = Vec::new();
+        for (endpoint, s) in &states.entries {
+            if self.pool.binary_search(endpoint).is_err() {
+                continue;
+            }
+            let counter = s.prefix_hits_total;
+            if let Some(c) =
+                self.cache_trust
+                    .observe(*endpoint, counter, s.restarts, s.scraped_at_ms, now_ms)
+            {
+                changes.push((*endpoint, c));
+            }
+        }
+        changes
+    }
+
+    /// `endpoint` answered in full (2xx) a request routed at `routed_ms`
+    /// whose decision found `held_blocks` of its prompt there in the index
+    /// (`Decision::held_blocks`): evidence for `cache_trust`.
+    pub fn completed_with_prefix(
+        &mut self,
+        endpoint: Endpoint,
+        held_blocks: usize,
+        routed_ms: u64,
+    ) {
+        if held_blocks > 0 && self.config.prefix.verify_engine_cache {
+            let tokens = held_blocks.saturating_mul(self.config.prefix.block_tokens);
+            self.cache_trust.credit(endpoint, tokens as u64, routed_ms);
+        }
+    }
+
+    /// The endpoints whose engines keep (almost) none of the prompts
+    /// kvroute sends them: their prefixes count for nothing.
+    pub fn distrusted_caches(&self) -> &[Endpoint] {
+        self.cache_trust.distrusted()
     }
 
     /// Pool endpoints stalled at `now_ms` (see [`crate::stall`]).
@@ -286,9 +339,11 @@ impl Router {
         // One merge pass over the sorted pool and the sorted scrape states,
         // the matches placed by their index in the pool: no lookup, no clone
         // of a state, and mostly equality tests (an ordering of two socket
-        // addresses costs more).
+        // addresses costs more). An engine that keeps no prompts
+        // (`cache_trust`) holds nothing worth a match.
         let mut by_index: Vec<(usize, &PrefixMatch)> = matches
             .iter()
+            .filter(|m| self.cache_trust.trusts(&m.endpoint))
             .filter_map(|m| Some((self.pool.binary_search(&m.endpoint).ok()?, m)))
             .collect();
         by_index.sort_unstable_by_key(|(i, _)| *i);
@@ -351,14 +406,21 @@ impl Router {
             affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
             adapter,
         };
-        if self.config.scheduling.profile == Profile::PredictedTtft {
+        let mut decision = if self.config.scheduling.profile == Profile::PredictedTtft {
             let predictions = self.predict(&candidates, prompt_tokens);
-            return self
-                .scheduler
-                .pick_predicted(&facts, &candidates, &predictions, rng);
+            self.scheduler
+                .pick_predicted(&facts, &candidates, &predictions, rng)?
+        } else {
+            let mut decision = self.scheduler.pick(&facts, &candidates, rng)?;
+            self.check_by_cost(&mut decision, &candidates, &facts);
+            decision
+        };
+        if !self.cache_trust.distrusted().is_empty() {
+            decision.held_blocks = matches
+                .iter()
+                .find(|m| m.endpoint == decision.endpoint)
+                .map_or(0, |m| m.blocks);
         }
-        let mut decision = self.scheduler.pick(&facts, &candidates, rng)?;
-        self.check_by_cost(&mut decision, &candidates, &facts);
         Some(decision)
     }
 
@@ -892,6 +954,63 @@ mod tests {
     }
 
     #[test]
+    fn the_prefixes_of_an_engine_that_keeps_none_count_for_nothing() {
+        use crate::cache_trust::TrustChange;
+        let doc: Vec<u64> = (1..=8).collect();
+        for verify in [true, false] {
+            let mut c = router(2).config().clone();
+            c.prefix.verify_engine_cache = verify;
+            let mut r = Router::new(c);
+            r.learn(ep(1), &doc, 0);
+            let mut states = idle_states(&r, 0);
+            let decide = |r: &Router, states: &EndpointStates| {
+                let mut rng = fastrand::Rng::with_seed(1);
+                let load = |_: &Endpoint| InFlight::default();
+                let none = OutlierTable::default();
+                r.decide(&doc, 512, states, &none, load, 1, &mut rng)
+                    .unwrap()
+            };
+            let d = decide(&r, &states);
+            assert_eq!(
+                (d.endpoint, d.reason, d.held_blocks),
+                (ep(1), Reason::Prefix, 8)
+            );
+            // Endpoint 1 answers requests believed to find 8 blocks cached;
+            // its engine's hit counter never moves (endpoint 2's does).
+            let mut changes = Vec::new();
+            for k in 1..=100u64 {
+                let now = k * 100;
+                r.completed_with_prefix(ep(1), 8, now);
+                r.completed_with_prefix(ep(2), 8, now);
+                states.entry(ep(1)).prefix_hits_total = Some(0.0);
+                states.entry(ep(2)).prefix_hits_total = Some((k * 512) as f64);
+                for e in [ep(1), ep(2)] {
+                    states.entry(e).scraped_at_ms = now;
+                }
+                changes.extend(r.check_engine_caches(&states, now));
+            }
+            let d = decide(&r, &states);
+            if !verify {
+                assert_eq!(changes, vec![]);
+                assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+                continue;
+            }
+            assert!(
+                matches!(changes[..], [(e, TrustChange::Distrusted { hits, .. })] if e == ep(1) && hits == 0.0),
+                "{changes:?}"
+            );
+            assert_eq!(r.distrusted_caches(), &[ep(1)]);
+            // Nobody holds anything worth a match: a cold pick. The index
+            // still says what endpoint 1 holds.
+            assert_eq!((d.reason, d.matched_blocks), (Reason::Cold, 0));
+            if d.endpoint == ep(1) {
+                assert_eq!(d.held_blocks, 8);
+            }
+            assert_eq!(r.indexed_blocks(ep(1)), 8);
+        }
+    }
+
+    #[test]
     fn learning_ignores_endpoints_outside_the_pool_and_pool_changes_forget() {
         let mut r = router(2);
         let outsider: Endpoint = "192.0.2.1:80".parse().unwrap();
@@ -926,6 +1045,7 @@ mod tests {
             endpoint: ep(2),
             reason: Reason::Load,
             matched_blocks: 0,
+            held_blocks: 0,
             scores: vec![(ep(1), 1.0), (ep(2), 5.0), (ep(3), 3.0), (ep(4), 2.0)],
             predictions: Vec::new(),
             prediction: None,

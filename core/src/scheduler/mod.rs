@@ -155,8 +155,13 @@ pub struct Decision {
     pub endpoint: Endpoint,
     /// Why.
     pub reason: Reason,
-    /// Leading blocks the chosen endpoint holds.
+    /// Leading blocks the chosen endpoint holds, as far as they were worth
+    /// anything to this decision (0 for an engine that keeps no prompts:
+    /// `cache_trust`).
     pub matched_blocks: usize,
+    /// Leading blocks the chosen endpoint holds by kvroute's index, whether
+    /// or not its engine is trusted to keep them.
+    pub held_blocks: usize,
     /// Final weighted score of the chosen candidate and of the best others
     /// that passed the filters, at most [`SCORES_KEPT`], in candidate order;
     /// with `predicted_ttft`, minus the predicted TTFT in ms.
@@ -360,6 +365,7 @@ impl Scheduler {
             endpoint: chosen.endpoint,
             reason,
             matched_blocks: chosen.matched_blocks,
+            held_blocks: chosen.matched_blocks,
             scores,
             // Empty unless `predicted_ttft` (`pick` passes none).
             prediction: predictions.get(kept[k]).copied(),
