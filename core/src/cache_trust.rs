@@ -156,7 +156,7 @@ impl CacheTrust {
             return None;
         };
         if scraped_at_ms == l.scraped_at_ms {
-            return self.retry(endpoint, now_ms);
+            return None;
         }
         l.scraped_at_ms = scraped_at_ms;
         if restarts != l.restarts || counter < l.counter {
@@ -171,12 +171,10 @@ impl CacheTrust {
         }
         l.hits += counter - l.counter;
         l.counter = counter;
-        let Some(seen) = l.closed.as_mut() else {
-            return self.retry(endpoint, now_ms);
-        };
+        let seen = l.closed.as_mut()?;
         *seen += 1;
         if *seen < 2 {
-            return self.retry(endpoint, now_ms);
+            return None;
         }
         let (believed, hits) = (l.believed, l.hits);
         l.misses = if hits < MISSING * believed {
@@ -215,16 +213,24 @@ impl CacheTrust {
         self.distrusted.retain(|e| pool.binary_search(e).is_ok());
     }
 
-    /// A distrusted endpoint not judged for `RETRY_MS` is trusted again.
-    fn retry(&mut self, endpoint: Endpoint, now_ms: u64) -> Option<TrustChange> {
-        let l = self.ledgers.get_mut(&endpoint)?;
-        if !l.distrusted || now_ms.saturating_sub(l.judged_ms) < RETRY_MS {
-            return None;
+    /// Distrusted endpoints not judged for `RETRY_MS` at `now_ms` are
+    /// trusted again (tried anew); returns them.
+    pub fn retry_due(&mut self, now_ms: u64) -> Vec<Endpoint> {
+        let mut due = Vec::new();
+        for e in &self.distrusted {
+            let Some(l) = self.ledgers.get_mut(e) else {
+                continue;
+            };
+            if now_ms.saturating_sub(l.judged_ms) >= RETRY_MS {
+                l.misses = 0;
+                l.judged_ms = now_ms;
+                l.restart(now_ms);
+                l.distrusted = false;
+                due.push(*e);
+            }
         }
-        l.misses = 0;
-        l.judged_ms = now_ms;
-        l.restart(now_ms);
-        self.set(endpoint, false).then_some(TrustChange::Trusted)
+        self.distrusted.retain(|e| !due.contains(e));
+        due
     }
 
     /// Records whether `endpoint` is distrusted; whether that changed.
@@ -374,12 +380,14 @@ mod tests {
         // No request believes anything cached there any more (placed by
         // load, none holds a prefix): scrapes only.
         let mut now = 5_000;
-        let mut back = None;
-        while now < 5_000 + 2 * RETRY_MS && back.is_none() {
+        let mut back = Vec::new();
+        while now < 5_000 + 2 * RETRY_MS && back.is_empty() {
             now += 100;
-            back = t.observe(ep(1), Some(counter), 0, now, now);
+            assert_eq!(t.observe(ep(1), Some(counter), 0, now, now), None);
+            back = t.retry_due(now);
         }
-        assert_eq!(back, Some(TrustChange::Trusted));
+        assert_eq!(back, vec![ep(1)]);
+        assert!(t.trusts(&ep(1)));
         // (Judged last just before 5 000: the requests kept coming.)
         assert!(
             (RETRY_MS - 500..=RETRY_MS + 600).contains(&(now - 5_000)),

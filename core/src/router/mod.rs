@@ -47,6 +47,9 @@ pub struct Router {
     restarts: HashMap<Endpoint, u32>,
     /// Whether each engine keeps what the index says it holds.
     cache_trust: CacheTrust,
+    /// The newest scrape `check_engine_caches` has seen: older states were
+    /// read at an earlier check.
+    caches_checked_ms: u64,
     ttft: TtftModel,
     decode: DecodeSpeed,
     models: ModelPools,
@@ -63,6 +66,7 @@ impl Router {
             capacity: HashMap::new(),
             restarts: HashMap::new(),
             cache_trust: CacheTrust::default(),
+            caches_checked_ms: 0,
             ttft: TtftModel::new(&config.scheduling.ttft),
             decode: DecodeSpeed::new(config.scheduling.ttft.learning_rate),
             models: ModelPools::new(&config.models),
@@ -207,7 +211,10 @@ impl Router {
 
     /// With `prefix.verify_engine_cache`, follows each pool endpoint's
     /// prefix-cache hit counter in the scrape states, seen at `now_ms`
-    /// (`cache_trust`); returns the endpoints whose trust changed.
+    /// (`cache_trust`); returns the endpoints whose trust changed. Only
+    /// states scraped since the last call are read (scrapes are written in
+    /// the order they answer): at 1024 endpoints a tick brings about a
+    /// fifth of them.
     pub fn check_engine_caches(
         &mut self,
         states: &EndpointStates,
@@ -216,11 +223,14 @@ impl Router {
         if !self.config.prefix.verify_engine_cache {
             return Vec::new();
         }
+        let since = self.caches_checked_ms;
         let mut changes = Vec::new();
         for (endpoint, s) in &states.entries {
-            if self.pool.binary_search(endpoint).is_err() {
+            // `>=`: another answer of the same millisecond may be new.
+            if s.scraped_at_ms < since || self.pool.binary_search(endpoint).is_err() {
                 continue;
             }
+            self.caches_checked_ms = self.caches_checked_ms.max(s.scraped_at_ms);
             let counter = s.prefix_hits_total;
             if let Some(c) =
                 self.cache_trust
@@ -229,6 +239,8 @@ impl Router {
                 changes.push((*endpoint, c));
             }
         }
+        let retried = self.cache_trust.retry_due(now_ms);
+        changes.extend(retried.into_iter().map(|e| (e, TrustChange::Trusted)));
         changes
     }
 
