@@ -1015,9 +1015,8 @@ mod tests {
             // Nobody holds anything worth a match: a cold pick. The index
             // still says what endpoint 1 holds.
             assert_eq!((d.reason, d.matched_blocks), (Reason::Cold, 0));
-            if d.endpoint == ep(1) {
-                assert_eq!(d.held_blocks, 8);
-            }
+            let held = if d.endpoint == ep(1) { 8 } else { 0 };
+            assert_eq!(d.held_blocks, held);
             assert_eq!(r.indexed_blocks(ep(1)), 8);
         }
     }
