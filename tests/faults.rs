@@ -723,6 +723,56 @@ fn an_engine_that_keeps_no_prompts_loses_its_affinity_until_it_keeps_them_again(
 }
 
 #[test]
+fn engines_that_count_hits_when_a_stream_ends_are_not_taken_for_engines_that_keep_nothing() {
+    // SGLang counts a request's cached tokens when it finishes, not when it
+    // is scheduled: while answers stream for seconds, the counter lags the
+    // first bytes by that much. Judged on first bytes, the windows of a
+    // burst of long streams find no hits yet and a caching engine looks like
+    // one that keeps nothing; kvroute judges requests once they have ended.
+    let sim = Sim::start(2, &["--engine", "sglang", "--time-scale", "1"]);
+    let envoy = Envoy::start(&sim.endpoints(), config(json!({})), 2);
+    warm_up(&envoy);
+    let doc = |d: usize| {
+        format!(
+            "document {d}: {}",
+            "lorem ipsum dolor sit amet ".repeat(200)
+        )
+    };
+    for d in 0..4 {
+        assert_eq!(ask_prompt(&envoy, &doc(d)).0, 200);
+    }
+    // 48 questions on them, one every 50 ms, each streaming ~3 s: each
+    // worker's requests fill several windows before the first ends.
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for q in 0..48 {
+            let (envoy, prompt) = (&envoy, format!("{} question {q}", doc(q % 4)));
+            s.spawn(move || {
+                sleep_until(t0, Duration::from_millis(50 * q as u64));
+                let body = json!({"model": MODEL, "prompt": prompt,
+                                  "max_tokens": 400, "stream": true});
+                let o = send_body(envoy.port, &body, true, t0);
+                assert!(o.status == 200 && !o.truncated, "{o:?}");
+            });
+        }
+    });
+    // Every answered stream's hits are in the counter by now.
+    std::thread::sleep(Duration::from_millis(500));
+    let prefixed = envoy.stat("wasmcustom.kvroute.decision.prefix");
+    println!(
+        "48 streams in {:?}, {prefixed} prefix decisions",
+        t0.elapsed()
+    );
+    assert!(prefixed >= 24.0, "{prefixed}");
+    assert_eq!(
+        envoy.stat("wasmcustom.kvroute.engine_cache_distrusted"),
+        0.0,
+        "{}",
+        envoy.log()
+    );
+}
+
+#[test]
 fn all_pods_down_fail_fast_and_recover_when_back() {
     let mut sims = pods(3, &["--time-scale", "0.1"]);
     let ports: Vec<u16> = sims.iter().map(|s| s.base_port).collect();

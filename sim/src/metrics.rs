@@ -142,6 +142,10 @@ pub struct EngineStats {
     pub prefix_queries: u64,
     /// Prefix-cache hits in tokens.
     pub prefix_hits: u64,
+    /// Cached prompt tokens of requests that finished: SGLang's
+    /// `cached_tokens_total`, counted when a request ends, not when it is
+    /// scheduled.
+    pub finished_cached_tokens: u64,
     /// Finished requests by reason (indexed by [`FinishReason`]).
     pub finished: [u64; 4],
     /// Time to first token.
@@ -166,6 +170,7 @@ impl Default for EngineStats {
             generation_tokens: 0,
             prefix_queries: 0,
             prefix_hits: 0,
+            finished_cached_tokens: 0,
             finished: [0; 4],
             ttft: Histogram::new(VLLM_TTFT_BUCKETS),
             e2e: Histogram::new(VLLM_REQUEST_LATENCY_BUCKETS),
@@ -468,6 +473,13 @@ pub fn render_sglang(s: &MetricsSnapshot, model: &str) -> String {
         MetricType::Counter,
         l,
         st.generation_tokens as f64,
+    );
+    e.single(
+        "sglang:cached_tokens_total",
+        "Number of cached prompt tokens.",
+        MetricType::Counter,
+        l,
+        st.finished_cached_tokens as f64,
     );
     e.single(
         "sglang:token_usage",

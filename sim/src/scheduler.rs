@@ -331,6 +331,7 @@ impl Scheduler {
                     let r = self.running.remove(i);
                     self.stats
                         .record_finish(FinishReason::Length, Some((end - r.req.arrival).max(0.0)));
+                    self.stats.finished_cached_tokens += r.cached_tokens as u64;
                     let pb = r.prompt_blocks(bs);
                     let generated = &r.req.block_hashes[pb..];
                     self.cache.release(r.alloc, generated);
@@ -386,6 +387,7 @@ impl Scheduler {
         st.itl
             .observe_n(0.0, req.output_len.saturating_sub(1) as u64);
         st.record_finish(FinishReason::Length, Some(0.0));
+        st.finished_cached_tokens += cached_tokens as u64;
         self.cache
             .release(alloc, &req.block_hashes[prompt_blocks..]);
         Ok(Progress {

@@ -317,6 +317,7 @@ fn sglang_flavour_names() {
         "sglang:cache_hit_rate",
         "sglang:prompt_tokens_total",
         "sglang:generation_tokens_total",
+        "sglang:cached_tokens_total",
         "sglang:time_to_first_token_seconds_count",
     ] {
         assert!(
@@ -328,6 +329,10 @@ fn sglang_flavour_names() {
     let rate = metric(&m, "sglang:cache_hit_rate", &[]).unwrap();
     assert!(rate > 0.3 && rate < 1.0, "{rate}");
     assert_eq!(metric(&m, "sglang:generation_tokens_total", &[]), Some(4.0));
+    // The second request found the first's prompt cached (counted when it
+    // finished, as SGLang does).
+    let cached = metric(&m, "sglang:cached_tokens_total", &[]).unwrap();
+    assert!(cached > 0.0, "{cached}");
 }
 
 #[test]
