@@ -95,17 +95,24 @@ struct Ledger {
     closed: Option<u8>,
     /// Missed windows in a row.
     misses: u32,
-    distrusted: bool,
     /// When the last window was judged (or the ledger started).
     judged_ms: u64,
 }
 
 impl Ledger {
+    /// A new window from `now_ms`.
     fn restart(&mut self, now_ms: u64) {
         self.hits = 0.0;
         self.believed = 0.0;
         self.started_ms = now_ms;
         self.closed = None;
+    }
+
+    /// A new window, and no misses behind it: judged anew.
+    fn start_over(&mut self, now_ms: u64) {
+        self.misses = 0;
+        self.judged_ms = now_ms;
+        self.restart(now_ms);
     }
 }
 
@@ -164,9 +171,7 @@ impl CacheTrust {
             // may keep prompts where the old one did not.
             l.counter = counter;
             l.restarts = restarts;
-            l.misses = 0;
-            l.judged_ms = now_ms;
-            l.restart(now_ms);
+            l.start_over(now_ms);
             return self.set(endpoint, false).then_some(TrustChange::Trusted);
         }
         l.hits += counter - l.counter;
@@ -222,10 +227,7 @@ impl CacheTrust {
                 continue;
             };
             if now_ms.saturating_sub(l.judged_ms) >= RETRY_MS {
-                l.misses = 0;
-                l.judged_ms = now_ms;
-                l.restart(now_ms);
-                l.distrusted = false;
+                l.start_over(now_ms);
                 due.push(*e);
             }
         }
@@ -235,9 +237,6 @@ impl CacheTrust {
 
     /// Records whether `endpoint` is distrusted; whether that changed.
     fn set(&mut self, endpoint: Endpoint, distrust: bool) -> bool {
-        if let Some(l) = self.ledgers.get_mut(&endpoint) {
-            l.distrusted = distrust;
-        }
         match (self.distrusted.binary_search(&endpoint), distrust) {
             (Err(i), true) => self.distrusted.insert(i, endpoint),
             (Ok(i), false) => {
