@@ -369,13 +369,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_distrusted_endpoint_is_tried_again_without_evidence() {
+    /// Endpoint 1 distrusted after 5 s of requests its engine kept nothing
+    /// of; the engine's counter.
+    fn distrusted_one() -> (CacheTrust, f64) {
         let mut t = CacheTrust::default();
         let mut counter = 0.0;
         t.observe(ep(1), Some(counter), 0, 0, 0);
         run(&mut t, ep(1), &mut counter, 0, 5_000, 0.0);
         assert!(!t.trusts(&ep(1)));
+        (t, counter)
+    }
+
+    #[test]
+    fn a_distrusted_endpoint_is_tried_again_without_evidence() {
+        let (mut t, counter) = distrusted_one();
         // No request believes anything cached there any more (placed by
         // load, none holds a prefix): scrapes only.
         let mut now = 5_000;
@@ -445,11 +452,7 @@ mod tests {
 
     #[test]
     fn retain_drops_endpoints_that_left_the_pool() {
-        let mut t = CacheTrust::default();
-        let mut counter = 0.0;
-        t.observe(ep(1), Some(counter), 0, 0, 0);
-        run(&mut t, ep(1), &mut counter, 0, 5_000, 0.0);
-        assert!(!t.trusts(&ep(1)));
+        let (mut t, _) = distrusted_one();
         t.retain(&[ep(2)]);
         assert!(t.trusts(&ep(1)));
         assert!(t.ledgers.is_empty());
