@@ -632,11 +632,23 @@ fn an_endpoint_in_front_of_two_engines_is_not_taken_for_an_engine_restarting_on_
 
 #[test]
 fn an_engine_that_keeps_no_prompts_loses_its_affinity_until_it_keeps_them_again() {
-    // Pod 0's engine keeps no prompt for the next request (prefix caching
-    // off): its hit counter stays at 0 while kvroute sends it questions on
-    // documents its index says it holds. Affinity to it saves nothing and
-    // piles load on it; kvroute must notice and place those by load.
-    let args = ["--time-scale", "0.1"];
+    keeps_no_prompts("vllm");
+}
+
+#[test]
+fn a_llamacpp_engine_that_keeps_no_prompts_loses_its_affinity_too() {
+    // llama.cpp's counter of prompt tokens reused from its cache
+    // (`llamacpp:prompt_tokens_cached_total`, 0 under `--no-cache-prompt`).
+    keeps_no_prompts("llamacpp");
+}
+
+/// Pod 0's engine (metric names of `engine`) keeps no prompt for the next
+/// request (prefix caching off): its hit counter stays at 0 while kvroute
+/// sends it questions on documents its index says it holds. Affinity to it
+/// saves nothing and piles load on it; kvroute must notice and place those
+/// by load, and trust it again once it restarts with caching on.
+fn keeps_no_prompts(engine: &str) {
+    let args = ["--engine", engine, "--time-scale", "0.1"];
     let mut sims = pods(2, &args);
     let (a, b) = (sims[0].endpoint(0), sims[1].endpoint(0));
     let envoy = Envoy::start(&[a.clone(), b.clone()], config(json!({})), 2);

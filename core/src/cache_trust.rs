@@ -6,8 +6,10 @@
 //! caching off (vLLM's `--no-enable-prefix-caching`, or a model it does not
 //! support it for), a cache too small for the prompts, other tenants
 //! evicting them at once. Affinity to such an endpoint saves nothing and
-//! piles load on it. vLLM and SGLang count the prompt tokens they served
-//! from their cache (`prefix_hits_total`, `metrics::profile`); each worker
+//! piles load on it. vLLM, SGLang and llama.cpp count the prompt tokens
+//! they served from their cache (`prefix_hits_total`, `metrics::profile`;
+//! llama.cpp's `llama-server --no-cache-prompt` keeps its count at 0, as
+//! vLLM's `--no-enable-prefix-caching` does); each worker
 //! compares that counter's growth with what its own requests to the
 //! endpoint believed cached:
 //!
@@ -19,7 +21,8 @@
 //!            span MIN_WINDOW_MS (by routing time); judged at the second
 //!            scrape this worker sees after that (the first may have been
 //!            taken just before). An engine counts a hit when it schedules
-//!            the prompt (vLLM) or when the request finishes (SGLang): either
+//!            the prompt (vLLM), when it has read it (llama.cpp, before the
+//!            first token) or when the request finishes (SGLang): either
 //!            way before the answer ends, so that scrape holds the hits of
 //!            every request of the window
 //! missed   = hits < MISSING x believed
@@ -38,9 +41,10 @@
 //! (almost) none is distrusted. A distrusted endpoint's matches are worth
 //! nothing to the scheduler (`Router::decide_in`): its requests are placed
 //! by load, like a prompt nobody holds. Its index is kept: the evidence for
-//! trusting it again. An engine without the counter (llama.cpp,
-//! TensorRT-LLM) is always trusted. Memory: one small ledger per endpoint
-//! whose engine reports the counter; no clock is read here.
+//! trusting it again. An engine without the counter (TensorRT-LLM,
+//! llama.cpp servers older than it) is always trusted. Memory: one small
+//! ledger per endpoint whose engine reports the counter; no clock is read
+//! here.
 
 use crate::endpoint::Endpoint;
 use hashbrown::HashMap;

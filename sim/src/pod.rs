@@ -17,7 +17,7 @@ use crate::cli::{EngineFlavor, SimConfig};
 use crate::faults::{metrics_padding, FaultUpdate, Faults, METRICS_GARBAGE, PHANTOM_REQUEST_SECS};
 use crate::kv_cache::block_hashes;
 use crate::lora::{LoraConfig, LoraLease, LoraSlots};
-use crate::metrics::{render_sglang, render_vllm, MetricsSnapshot};
+use crate::metrics::{render_llamacpp, render_sglang, render_vllm, MetricsSnapshot};
 use crate::openai::InferenceRequest;
 use crate::scheduler::{Progress, Scheduler, SchedulerConfig, SeqId, SeqRequest, SubmitError};
 use crate::sim_clock::SimClock;
@@ -439,6 +439,7 @@ impl Pod {
                 text
             }
             EngineFlavor::Sglang => render_sglang(&snap, &self.cfg.model),
+            EngineFlavor::Llamacpp => render_llamacpp(&snap),
         };
         if pad > 0 {
             text.push_str(&metrics_padding(pad));

@@ -11,7 +11,7 @@
 //! | `kv_capacity_tokens` | `vllm:cache_config_info` labels `block_size` x `num_gpu_blocks` | - | - | - |
 //! | `lora` | `vllm:lora_requests_info` labels (the sample with the largest value: `metrics/lora.rs`) | - | - | - |
 //! | `prompt_tokens_total` | `vllm:prompt_tokens_total` | `sglang:prompt_tokens_total` | - | `llamacpp:prompt_tokens_total` |
-//! | `prefix_hits_total` | `vllm:prefix_cache_hits_total`, else `vllm:gpu_prefix_cache_hits_total`; plus `vllm:external_prefix_cache_hits_total` | `sglang:cached_tokens_total` | - | - |
+//! | `prefix_hits_total` | `vllm:prefix_cache_hits_total`, else `vllm:gpu_prefix_cache_hits_total`; plus `vllm:external_prefix_cache_hits_total` | `sglang:cached_tokens_total` | - | `llamacpp:prompt_tokens_cached_total` (current servers; older ones have none) |
 //!
 //! `prompt_tokens_total` is not load: a counter that only a restart of the
 //! engine (which empties its prefix cache) takes down (`Reading`).
@@ -132,7 +132,7 @@ pub const LLAMACPP: NameProfile<'static> = NameProfile {
     cache_config: None,
     lora_info: None,
     prompt_tokens: Some("llamacpp:prompt_tokens_total"),
-    prefix_hits: [None; 3],
+    prefix_hits: [Some("llamacpp:prompt_tokens_cached_total"), None, None],
 };
 
 impl<'a> NameProfile<'a> {
@@ -406,12 +406,18 @@ mod tests {
                     vllm:external_prefix_cache_hits_total{engine=\"0\"} 3\n";
         assert_eq!(hits(text, Engine::Auto), Some(123.0));
         // External hits alone are not the counter; engines without one
-        // (llama.cpp, TensorRT-LLM) report none.
+        // (TensorRT-LLM, llama.cpp servers older than the counter) report
+        // none.
         let text = "vllm:num_requests_waiting 0\nvllm:external_prefix_cache_hits_total 3\n";
         assert_eq!(hits(text, Engine::Auto), None);
-        let llamacpp = fixture!("llamacpp-11434-smollm2-after-3-requests.txt");
-        assert_eq!(hits(llamacpp, Engine::Auto), None);
         assert_eq!(hits("trtllm_num_requests_waiting 1\n", Engine::Auto), None);
+        let old_llamacpp = "llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total 9\n";
+        assert_eq!(hits(old_llamacpp, Engine::Llamacpp), None);
+        // llama.cpp counts the prompt tokens it reused from a slot or its
+        // prompt cache (a real scrape: one request reused the system prompt).
+        let llamacpp = fixture!("llamacpp-11434-smollm2-after-3-requests.txt");
+        assert_eq!(hits(llamacpp, Engine::Auto), Some(611.0));
+        assert_eq!(hits(llamacpp, Engine::Llamacpp), Some(611.0));
     }
 
     #[test]
