@@ -39,6 +39,7 @@ use crate::vm_state::{Routed, VmState};
 use kvroute_core::answer::{needs_code_details, verdict, Verdict};
 use kvroute_core::config::{Handoff, STREAM_HEADER};
 use kvroute_core::decode_speed;
+use kvroute_core::endpoint::Endpoint;
 use kvroute_core::error_reply::ErrorReply;
 use kvroute_core::models::listing::{self, ModelsReply};
 use kvroute_core::objectives::Objective;
@@ -172,8 +173,11 @@ impl RequestFilter {
         let routed = self.state.borrow_mut().route(request, scope, now);
         match routed {
             Some(r) => {
-                let header = self.state.borrow().config().destination_header.clone();
-                self.set_http_request_header(&header, Some(&r.header_value()));
+                // In shadow mode Envoy's own balancer chooses.
+                if r.shadow.is_none() {
+                    let header = self.state.borrow().config().destination_header.clone();
+                    self.set_http_request_header(&header, Some(&r.header_value()));
+                }
                 self.stream = request.is_some_and(|q| q.stream);
                 if self.stream {
                     self.set_http_request_header(STREAM_HEADER, Some("1"));
@@ -191,6 +195,35 @@ impl RequestFilter {
                 self.reply(ErrorReply::NoEndpoint);
                 false
             }
+        }
+    }
+
+    /// `shadow` mode: the response names the endpoint Envoy's balancer
+    /// chose; from here the request is that endpoint's, as if kvroute had
+    /// routed it there (`VmState::shadow_answered`). A response from no
+    /// pool endpoint (Envoy's own reply: no upstream answered) leaves
+    /// nothing to learn or settle: only the debug header is written.
+    fn shadow_answered(&mut self) {
+        let Some(mut r) = self.routed.take() else {
+            return;
+        };
+        let ok = self
+            .get_http_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .is_some_and(|s| (200..300).contains(&s));
+        let upstream = self
+            .property_text(&["upstream", "address"])
+            .and_then(|a| a.parse::<Endpoint>().ok());
+        let now = now_ms(self);
+        let ours =
+            upstream.is_some_and(|u| self.state.borrow_mut().shadow_answered(&mut r, u, ok, now));
+        if ours {
+            self.routed = Some(r);
+            return;
+        }
+        let name = self.state.borrow().config().debug_header.clone();
+        if let (Some(name), Some(value)) = (name, r.debug) {
+            self.set_http_response_header(&name, Some(&value));
         }
     }
 
@@ -376,6 +409,9 @@ impl HttpContext for RequestFilter {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.routed.as_ref().is_some_and(|r| r.shadow.is_some()) {
+            self.shadow_answered();
+        }
         if let Some(r) = &self.routed {
             let status = self
                 .get_http_response_header(":status")
@@ -479,7 +515,9 @@ impl HttpContext for RequestFilter {
                 );
             }
         }
-        if let Some(r) = self.routed.take() {
+        // A shadow request no response named an upstream for was never in
+        // flight anywhere.
+        if let Some(r) = self.routed.take().filter(|r| r.shadow.is_none()) {
             let unanswered = (!self.tokens_released).then_some(r.tokens);
             self.state.borrow_mut().finish(r.endpoint, unanswered);
         }

@@ -128,9 +128,19 @@ pub enum Counter {
     /// Per-endpoint stat updates not recorded: the endpoint came after
     /// `per_endpoint_stats` others.
     EndpointStatsDropped,
+    /// `shadow` mode: requests Envoy's balancer sent to the endpoint
+    /// kvroute chose.
+    ShadowSameEndpoint,
+    /// `shadow` mode: requests Envoy's balancer sent elsewhere.
+    ShadowOtherEndpoint,
+    /// `shadow` mode: prompt tokens the prefix index believed cached at
+    /// kvroute's choice, summed over the requests counted above.
+    ShadowCachedTokensKvroute,
+    /// `shadow` mode: the same at the endpoint Envoy's balancer chose.
+    ShadowCachedTokensBalancer,
 }
 
-const COUNTERS: [(Counter, &str); 46] = [
+const COUNTERS: [(Counter, &str); 50] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -197,6 +207,19 @@ const COUNTERS: [(Counter, &str); 46] = [
     (
         Counter::EndpointStatsDropped,
         "kvroute.endpoint_stats_dropped",
+    ),
+    (Counter::ShadowSameEndpoint, "kvroute.shadow.same_endpoint"),
+    (
+        Counter::ShadowOtherEndpoint,
+        "kvroute.shadow.other_endpoint",
+    ),
+    (
+        Counter::ShadowCachedTokensKvroute,
+        "kvroute.shadow.cached_tokens_kvroute",
+    ),
+    (
+        Counter::ShadowCachedTokensBalancer,
+        "kvroute.shadow.cached_tokens_balancer",
     ),
 ];
 

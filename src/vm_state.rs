@@ -62,6 +62,23 @@ pub struct Routed {
     /// index: what a refusal leaves it, and what a full answer shows its
     /// engine kept (`cache_trust`).
     pub held_blocks: usize,
+    /// `shadow` mode, until the response names the endpoint Envoy's own
+    /// balancer chose (`VmState::shadow_answered`): nothing of this
+    /// request is learnt or in flight yet, and `endpoint` is kvroute's
+    /// choice, not where the request went.
+    pub shadow: Option<Box<ShadowPending>>,
+}
+
+/// What a `shadow` request keeps until its upstream is known: what routing
+/// would have learnt and counted at once.
+#[derive(Clone, Debug)]
+pub struct ShadowPending {
+    /// The decision-log hashes of the prompt (blocks, then its leaf).
+    learned: Vec<u64>,
+    /// How many of `learned` are full blocks.
+    blocks: usize,
+    /// The prompt's estimated tokens.
+    prompt_tokens: u64,
 }
 
 impl Routed {
@@ -355,17 +372,19 @@ impl VmState {
         // (in-flight counts, which spread everything else, are shared anyway).
         let learned = request.map(InferenceRequest::learned).unwrap_or_default();
         let mut log_seq = None;
-        if learned.is_empty() {
+        let mut shadow = None;
+        if self.config().shadow {
+            // Envoy's balancer chooses: learnt and counted where it sent
+            // the request, once the response says.
+            shadow = Some(Box::new(ShadowPending {
+                learned,
+                blocks: blocks.len(),
+                prompt_tokens,
+            }));
+        } else if learned.is_empty() {
             self.router.learn(endpoint, prompt, now_ms);
         } else {
-            let mut entry = LogEntry {
-                from_peer: false,
-                forget: false,
-                seq: 0,
-                endpoint,
-                at_ms: now_ms,
-                blocks: learned,
-            };
+            let mut entry = LogEntry::own(endpoint, now_ms, learned);
             log_seq = self.append_own(&mut entry, head);
             // The same record every other worker makes of this decision.
             if Deferred::can_wait(&entry.blocks) {
@@ -374,8 +393,11 @@ impl VmState {
                 self.router.learn(endpoint, prompt, now_ms);
             }
         }
-        self.store
-            .update_inflight_from(snapshot, |t| t.add(endpoint, tokens, now_ms));
+        if shadow.is_none() {
+            self.store
+                .update_inflight_from(snapshot, |t| t.add(endpoint, tokens, now_ms));
+            self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
+        }
         self.stats.inc(Counter::Routed);
         self.stats.decision(decision.reason);
         match decision.overruled.map(|o| o.check) {
@@ -384,14 +406,13 @@ impl VmState {
             Some(CostCheck::LeftSlowerDecoder) => self.stats.inc(Counter::DecisionMovedByDecode),
             None => {}
         }
-        self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
         if !blocks.is_empty() {
             self.stats
                 .matched_prefix((decision.matched_blocks * 100 / blocks.len()) as u64);
         }
         let fallbacks = match self.config().handoff {
-            Handoff::OverrideHost => Router::fallbacks(&decision, FALLBACKS),
-            Handoff::OriginalDst => Vec::new(),
+            Handoff::OverrideHost if shadow.is_none() => Router::fallbacks(&decision, FALLBACKS),
+            _ => Vec::new(),
         };
         let debug = self
             .config()
@@ -407,7 +428,82 @@ impl VmState {
             at_ms: now_ms,
             log_seq,
             held_blocks: decision.held_blocks,
+            shadow,
         })
+    }
+
+    /// `shadow` mode: Envoy's balancer sent `routed` to `upstream`, which
+    /// answered (`ok`: with a 2xx). Counts how kvroute's choice compares
+    /// (the same endpoint or not; the prompt tokens the index believed
+    /// cached at each), then does at `upstream` what routing does at once
+    /// otherwise: the request is in flight there from now on, and a 2xx
+    /// teaches the prefix index (here and, through the decision log, on
+    /// every worker and replica). `routed` then stands for `upstream`; its
+    /// TTFT prediction, made for kvroute's choice, is dropped when the two
+    /// differ. `false` (nothing learnt or counted in flight) for an
+    /// upstream outside the pool.
+    pub fn shadow_answered(
+        &mut self,
+        routed: &mut Routed,
+        upstream: Endpoint,
+        ok: bool,
+        now_ms: u64,
+    ) -> bool {
+        let Some(pending) = routed.shadow.take() else {
+            return true;
+        };
+        if !self.router.contains(upstream) {
+            return false;
+        }
+        let block_tokens = self.config().prefix.block_tokens as u64;
+        let full_blocks = pending.learned.get(..pending.blocks).unwrap_or_default();
+        let held = self.router.held_blocks(upstream, full_blocks);
+        let same = upstream == routed.endpoint;
+        self.stats.inc(if same {
+            Counter::ShadowSameEndpoint
+        } else {
+            Counter::ShadowOtherEndpoint
+        });
+        self.stats.add(
+            Counter::ShadowCachedTokensKvroute,
+            (routed.held_blocks as u64 * block_tokens).min(pending.prompt_tokens),
+        );
+        self.stats.add(
+            Counter::ShadowCachedTokensBalancer,
+            (held as u64 * block_tokens).min(pending.prompt_tokens),
+        );
+        if !same {
+            routed.endpoint = upstream;
+            routed.held_blocks = held;
+            routed.prediction = None;
+            routed.tokens = pending
+                .prompt_tokens
+                .saturating_sub(held as u64 * block_tokens);
+        }
+        let tokens = routed.tokens;
+        self.store
+            .update_inflight(|t| t.add(upstream, tokens, now_ms));
+        self.stats.endpoint_inc(upstream, EndpointCounter::Routed);
+        if !ok {
+            return true;
+        }
+        if pending.learned.is_empty() {
+            self.router.learn(upstream, &[][..], now_ms);
+        } else {
+            routed.log_seq = self.publish(upstream, pending.learned, now_ms);
+        }
+        true
+    }
+
+    /// A request answered at `endpoint` taught the prefix index `hashes`
+    /// (a decision-log entry's: blocks, then the leaf): appended to the
+    /// decision log (every other worker, and with peers every replica,
+    /// replays it) and recorded here. Its log sequence number.
+    fn publish(&mut self, endpoint: Endpoint, hashes: Vec<u64>, now_ms: u64) -> Option<u64> {
+        let mut entry = LogEntry::own(endpoint, now_ms, hashes);
+        let seq = self.append_own(&mut entry, None);
+        self.learn(endpoint, entry.blocks, now_ms);
+        seq
     }
 
     /// Counts and logs a change of what this worker believes `endpoint`'s
@@ -535,13 +631,10 @@ impl VmState {
         if !self.router.contains(served_by) {
             return;
         }
-        let Some(mut entry) = self.own_entry(routed) else {
+        let Some(entry) = self.own_entry(routed) else {
             return;
         };
-        entry.endpoint = served_by;
-        entry.at_ms = now_ms;
-        self.append_own(&mut entry, None);
-        self.learn(served_by, entry.blocks, now_ms);
+        self.publish(served_by, entry.blocks, now_ms);
     }
 
     /// `routed`'s decision-log entry read back, if the ring still holds it.

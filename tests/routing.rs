@@ -336,3 +336,90 @@ fn h_pod_answering_5xx_is_ejected_then_returns() {
     }
     assert!(pods.contains(&bad), "ejected pod never came back: {pods:?}");
 }
+
+/// `shadow: true`: kvroute decides but Envoy's own balancer (the
+/// override_host policy's fallback, least-request) routes; kvroute learns
+/// where each prompt actually went, so its decision for a conversation's
+/// next turn names the pod that served the last one, wherever kvroute
+/// would have sent it, and the `kvroute.shadow.*` stats compare the two.
+#[test]
+fn in_shadow_mode_envoy_routes_and_kvroute_follows_where_prompts_went() {
+    const DEBUG: &str = "x-kvroute-debug";
+    let sim = Sim::start(3, &["--time-scale", "0.01"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({"shadow": true, "debug_header": DEBUG}),
+        2,
+    );
+    let pod_of = |debug: &str| {
+        (0..3)
+            .find(|&i| debug.starts_with(&format!("endpoint={};", sim.endpoint(i))))
+            .unwrap_or_else(|| panic!("no pool endpoint in {debug}"))
+    };
+    let mut convs: Vec<Conversation> = (0..24).map(Conversation::new).collect();
+    // kvroute's choice for each first turn and for each second turn.
+    let (mut first_choice, mut second_choice) = (Vec::new(), Vec::new());
+    for c in &mut convs {
+        let r = c.turn(&envoy, "question 0");
+        first_choice.push(pod_of(r.header(DEBUG).expect("debug header")));
+    }
+    for c in &mut convs {
+        let r = c.turn(&envoy, "question 1");
+        let debug = r.header(DEBUG).expect("debug header").to_string();
+        assert!(debug.contains("reason=Prefix"), "{debug}");
+        second_choice.push(pod_of(&debug));
+    }
+    let served: Vec<(usize, usize)> = convs.iter().map(|c| (c.pods[0], c.pods[1])).collect();
+    // kvroute steered nothing: the balancer put second turns elsewhere...
+    let moved = served.iter().filter(|(a, b)| a != b).count();
+    assert!(moved >= 4, "the balancer kept {served:?}");
+    // ... and placed first turns where kvroute would not have.
+    let overruled = (0..24).filter(|&i| first_choice[i] != served[i].0).count();
+    assert!(overruled >= 4, "{first_choice:?} vs {served:?}");
+    // Yet every second turn's decision names the pod that served the first.
+    for (i, (first, _)) in served.iter().enumerate() {
+        assert_eq!(second_choice[i], *first, "conversation {i}: {served:?}");
+    }
+    // What the balancer cost: second turns it sent away found nothing cached.
+    let stat = |s: &str| envoy.stat(&format!("wasmcustom.kvroute.shadow.{s}"));
+    let (same, other) = (stat("same_endpoint"), stat("other_endpoint"));
+    assert_eq!(same + other, 48.0);
+    assert_eq!(other as usize, overruled + moved);
+    let (kvroute, balancer) = (
+        stat("cached_tokens_kvroute"),
+        stat("cached_tokens_balancer"),
+    );
+    println!(
+        "shadow: {moved} second turns moved, {overruled} first turns placed elsewhere; \
+         cached tokens kvroute {kvroute} vs balancer {balancer}"
+    );
+    assert!(kvroute > balancer);
+    // Streams are counted in flight where they went, and released.
+    let mut body = conversation_turn(MODEL, "stream", 0);
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(16);
+    for _ in 0..6 {
+        let (_, events) = sse_events(envoy.port, "/v1/chat/completions", &body);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    }
+    assert_eq!(stat("same_endpoint") + stat("other_endpoint"), 54.0);
+    drop(sim);
+    // With every pod down, Envoy answers itself for the pod its balancer
+    // tried: counted there, learnt nowhere, and released.
+    let r = post_json(
+        &envoy.url("/v1/chat/completions"),
+        &conversation_turn(MODEL, "late", 0),
+    );
+    assert!(r.status >= 500, "{}", r.status);
+    assert!(r.header(DEBUG).is_some());
+    assert_eq!(stat("same_endpoint") + stat("other_endpoint"), 55.0);
+    // Nothing left in flight anywhere (written once a tick).
+    std::thread::sleep(Duration::from_millis(300));
+    let metrics = envoy.prometheus();
+    let inflight: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("kvroute_endpoint_inflight_requests"))
+        .collect();
+    assert_eq!(inflight.len(), 3, "{metrics}");
+    assert!(inflight.iter().all(|l| l.ends_with(" 0")), "{inflight:?}");
+}

@@ -29,6 +29,13 @@ pub struct Config {
     /// How the chosen endpoint is handed to Envoy (default `override_host`:
     /// the only handoff whose retries can reach another endpoint).
     pub handoff: Handoff,
+    /// Decide, but do not steer: the destination header is not set, so
+    /// Envoy's own balancer (the override_host policy's fallback) picks
+    /// the endpoint, and kvroute learns where each request went once the
+    /// response names its upstream. Its decisions, their debug header and
+    /// the `kvroute.shadow.*` stats show what it would have done (rollout
+    /// and tuning without changing traffic). Needs `handoff: override_host`.
+    pub shadow: bool,
     /// Learn the pool from Envoy's own view of the upstream cluster (EDS
     /// included) instead of `endpoints`. Needs `handoff: override_host`.
     pub discovery: Option<DiscoveryConfig>,
@@ -81,6 +88,7 @@ impl Default for Config {
         Config {
             endpoints: Vec::new(),
             handoff: Handoff::OverrideHost,
+            shadow: false,
             discovery: None,
             destination_header: "x-kvroute-destination".into(),
             max_body_bytes: 8 * 1024 * 1024,
@@ -664,6 +672,13 @@ impl Config {
                 "at least one ip:port endpoint is required (or set discovery)",
             ));
         }
+        if self.shadow && self.handoff != Handoff::OverrideHost {
+            return Err(err(
+                "shadow",
+                true,
+                "needs handoff `override_host` (an ORIGINAL_DST cluster has no balancer of its own to choose with)",
+            ));
+        }
         if let Some(d) = &self.discovery {
             if self.handoff != Handoff::OverrideHost {
                 return Err(err(
@@ -1153,6 +1168,17 @@ mod tests {
             parse(r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":null}}"#)
                 .unwrap();
         assert_eq!(c.scheduling.gate_max_tokens_excess, None);
+    }
+
+    #[test]
+    fn shadow_needs_a_balancer_of_envoy_s_own() {
+        let c = parse(r#"{"endpoints":["1.2.3.4:80"],"shadow":true}"#).unwrap();
+        assert!(c.shadow);
+        assert!(!parse(r#"{"endpoints":["1.2.3.4:80"]}"#).unwrap().shadow);
+        let e = parse(r#"{"handoff":"original_dst","shadow":true,"endpoints":["1.2.3.4:80"]}"#)
+            .unwrap_err();
+        assert_eq!((e.field.as_str(), e.value.as_str()), ("shadow", "true"));
+        assert!(e.reason.contains("override_host"), "{e}");
     }
 
     #[test]

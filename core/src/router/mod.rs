@@ -509,6 +509,15 @@ impl Router {
         self.index.forget(endpoint, hashes);
     }
 
+    /// Leading `blocks` the index holds for `endpoint` (what a decision
+    /// for it would have counted as held).
+    pub fn held_blocks(&self, endpoint: Endpoint, blocks: &[u64]) -> usize {
+        blocks
+            .iter()
+            .take_while(|&&b| self.index.contains(endpoint, b))
+            .count()
+    }
+
     /// Blocks the index holds for `endpoint`.
     pub fn indexed_blocks(&self, endpoint: Endpoint) -> usize {
         self.index.len(endpoint)

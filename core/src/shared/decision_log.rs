@@ -75,6 +75,19 @@ pub struct LogEntry {
 }
 
 impl LogEntry {
+    /// This gateway's own decision: `endpoint` was sent `blocks` at `at_ms`
+    /// (its sequence number is set when it is appended).
+    pub fn own(endpoint: Endpoint, at_ms: u64, blocks: Vec<u64>) -> LogEntry {
+        LogEntry {
+            seq: 0,
+            endpoint,
+            at_ms,
+            blocks,
+            from_peer: false,
+            forget: false,
+        }
+    }
+
     /// Size of the encoding in bytes.
     pub fn encoded_len(&self) -> usize {
         let addr = match self.endpoint.addr() {
