@@ -495,6 +495,9 @@ async fn compare(
                 r.router, m.p10, m.p50, m.p90, m.samples
             );
         }
+        if let Some(line) = shadow_summary(r) {
+            println!("  {:<26} {line}", r.router);
+        }
     }
     if e.run.rate.is_some() {
         println!("TTFT p50 by quarter of the run (answered requests in start order; rising = a queue builds):");
@@ -888,4 +891,30 @@ pub async fn demo(a: &DemoArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A `shadow` row's comparison (`kvroute.shadow.*`): how often Envoy's
+/// balancer sent a request where kvroute would have, and the prompt tokens
+/// kvroute's prefix index believed cached at its choice and at the
+/// balancer's, beside what the engines say they served from cache (their
+/// own tokenizer's tokens: the same traffic the balancer placed).
+fn shadow_summary(r: &RunResult) -> Option<String> {
+    let stat = |k: &str| r.router_stats.get(k).copied().unwrap_or(0);
+    let (same, other) = (stat("shadow.same_endpoint"), stat("shadow.other_endpoint"));
+    let judged = same + other;
+    if judged == 0 {
+        return None;
+    }
+    let (kvroute, balancer) = (
+        stat("shadow.cached_tokens_kvroute"),
+        stat("shadow.cached_tokens_balancer"),
+    );
+    let served: u64 = r.pod_counters.iter().map(|c| c.hit_tokens).sum();
+    Some(format!(
+        "shadow: the balancer chose kvroute's endpoint for {:.0} % of {judged} requests; \
+         cached tokens believed at kvroute's choice {kvroute}, at the balancer's {balancer} \
+         (x{:.2}); the engines served {served} from cache",
+        100.0 * same as f64 / judged as f64,
+        kvroute as f64 / balancer.max(1) as f64,
+    ))
 }

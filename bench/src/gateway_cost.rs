@@ -196,6 +196,7 @@ pub async fn kvroute_counters(admins: &[&str]) -> BTreeMap<String, u64> {
                 .trim_start_matches("wasmcustom.")
                 .trim_start_matches("kvroute.");
             if k.starts_with("decision.")
+                || k.starts_with("shadow.")
                 || (k.starts_with("peer.") && k != "peer.replicas")
                 || [
                     "requests",

@@ -1,5 +1,6 @@
 //! The routers compared: plain Envoy (round robin, least request), kvroute in Envoy
-//! (defaults and two ablations) and SGLang's router (cache_aware, round_robin).
+//! (defaults, two ablations, `predicted_ttft`, and `shadow` on request) and SGLang's
+//! router (cache_aware, round_robin).
 //!
 //! Each is started against the given pods on free loopback ports and exposes one
 //! OpenAI-compatible URL; the returned value owns the process (killed on drop).
@@ -32,6 +33,9 @@ pub enum RouterKind {
     KvrouteLoadOnly,
     /// kvroute with `scheduling.profile: predicted_ttft` (issue 12).
     KvrouteTtft,
+    /// kvroute with `shadow: true`: it decides and reports, Envoy's
+    /// least-request routes (only when named in `--routers`).
+    KvrouteShadow,
     /// sglang-router `--policy cache_aware`.
     SglangCacheAware,
     /// sglang-router `--policy round_robin`.
@@ -39,7 +43,8 @@ pub enum RouterKind {
 }
 
 impl RouterKind {
-    /// Every router, in report order.
+    /// Every router of a default run, in report order (`kvroute-shadow`
+    /// only runs when named: its traffic is least-request's).
     pub const ALL: [RouterKind; 8] = [
         RouterKind::EnvoyRoundRobin,
         RouterKind::EnvoyLeastRequest,
@@ -60,6 +65,7 @@ impl RouterKind {
             RouterKind::KvroutePrefixOnly => "kvroute-prefix-only",
             RouterKind::KvrouteLoadOnly => "kvroute-load-only",
             RouterKind::KvrouteTtft => "kvroute-ttft",
+            RouterKind::KvrouteShadow => "kvroute-shadow",
             RouterKind::SglangCacheAware => "sglang-cache-aware",
             RouterKind::SglangRoundRobin => "sglang-round-robin",
         }
@@ -88,6 +94,7 @@ impl RouterKind {
                 "weights": {"prefix": 0}, "keep_cheaper_holder": false,
                 "leave_costlier_holder": false}})),
             RouterKind::KvrouteTtft => Some(json!({"scheduling": {"profile": "predicted_ttft"}})),
+            RouterKind::KvrouteShadow => Some(json!({"shadow": true})),
             _ => None,
         }
     }
