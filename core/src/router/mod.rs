@@ -1095,4 +1095,16 @@ mod tests {
             )
             .is_none());
     }
+
+    #[test]
+    fn held_blocks_counts_the_leading_blocks_an_endpoint_holds() {
+        let mut r = router(2);
+        r.learn(ep(1), &[1, 2, 3][..], 10);
+        assert_eq!(r.held_blocks(ep(1), &[1, 2, 3, 4]), 3);
+        // Leading only: a gap ends the match (real hashes are chained, so
+        // a block held elsewhere in a prompt never reappears first).
+        assert_eq!(r.held_blocks(ep(1), &[1, 9, 3]), 1);
+        assert_eq!(r.held_blocks(ep(2), &[1, 2, 3]), 0);
+        assert_eq!(r.held_blocks(ep(1), &[]), 0);
+    }
 }
