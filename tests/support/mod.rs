@@ -473,9 +473,10 @@ impl Envoy {
             .spawn()
             .unwrap();
         let start = Instant::now();
+        let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
         loop {
-            if let Ok(Some(_)) = child.try_wait() {
-                return Err(std::fs::read_to_string(&log).unwrap_or_default());
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("Envoy exited ({status}); its log:\n{}", log_text()));
             }
             let ready = try_get(&format!("http://127.0.0.1:{admin}/ready"))
                 .is_some_and(|r| r.status == 200)
@@ -486,7 +487,10 @@ impl Envoy {
             if start.elapsed() > Duration::from_secs(20) {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(std::fs::read_to_string(&log).unwrap_or_default());
+                return Err(format!(
+                    "Envoy not ready after 20 s (admin 127.0.0.1:{admin}, listener {port}); its log:\n{}",
+                    log_text()
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
