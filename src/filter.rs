@@ -203,17 +203,12 @@ impl RequestFilter {
     /// routed it there (`VmState::shadow_answered`). A response from no
     /// pool endpoint (Envoy's own reply: no upstream answered) leaves
     /// nothing to learn or settle: only the debug header is written.
-    fn shadow_answered(&mut self) {
+    fn shadow_answered(&mut self, status: Option<u16>, upstream: Option<&str>) {
         let Some(mut r) = self.routed.take() else {
             return;
         };
-        let ok = self
-            .get_http_response_header(":status")
-            .and_then(|s| s.parse::<u16>().ok())
-            .is_some_and(|s| (200..300).contains(&s));
-        let upstream = self
-            .property_text(&["upstream", "address"])
-            .and_then(|a| a.parse::<Endpoint>().ok());
+        let ok = status.is_some_and(|s| (200..300).contains(&s));
+        let upstream = upstream.and_then(|a| a.parse::<Endpoint>().ok());
         let now = now_ms(self);
         let ours =
             upstream.is_some_and(|u| self.state.borrow_mut().shadow_answered(&mut r, u, ok, now));
@@ -409,16 +404,21 @@ impl HttpContext for RequestFilter {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.routed.as_ref().is_some_and(|r| r.shadow.is_some()) {
-            self.shadow_answered();
-        }
-        if let Some(r) = &self.routed {
+        // Read once for a routed request (a shadow one's step needs them too).
+        let answer = self.routed.is_some().then(|| {
             let status = self
                 .get_http_response_header(":status")
                 .and_then(|s| s.parse::<u16>().ok());
+            (status, self.property_text(&["upstream", "address"]))
+        });
+        if let Some((status, upstream)) = &answer {
+            if self.routed.as_ref().is_some_and(|r| r.shadow.is_some()) {
+                self.shadow_answered(*status, upstream.as_deref());
+            }
+        }
+        if let (Some(r), Some((status, upstream))) = (&self.routed, answer) {
             let endpoint = r.endpoint;
             self.answer_ok = status.is_some_and(|s| (200..300).contains(&s));
-            let upstream = self.property_text(&["upstream", "address"]);
             let said = if needs_code_details(status, upstream.as_deref(), endpoint) {
                 let details = self.property_text(&["response", "code_details"]);
                 verdict(
