@@ -60,6 +60,10 @@ pub struct RequestFilter {
     /// The chosen endpoint's first response chunk was also the last, at
     /// this time (ms): `on_log` settles both in one in-flight update.
     answered_at: Option<u64>,
+    /// When the chosen endpoint's first chunk came (ms), for a stream it
+    /// answers 2xx in several chunks: how long the request held an engine
+    /// slot is learnt from it (`scheduling.slot_wait`).
+    first_chunk_at: Option<u64>,
     /// Bytes of request body buffered so far (read again when trailers end
     /// the body).
     body_bytes: usize,
@@ -96,6 +100,7 @@ impl RequestFilter {
             routed: None,
             tokens_released: false,
             answered_at: None,
+            first_chunk_at: None,
             body_bytes: 0,
             decided: false,
             chosen_answered: true,
@@ -480,6 +485,11 @@ impl HttpContext for RequestFilter {
                     // The whole answer in one chunk: on_log comes next.
                     self.answered_at = Some(now);
                 } else {
+                    // A stream's first chunk is its first token; another
+                    // answer's is only part of the answer.
+                    if self.first_token() {
+                        self.first_chunk_at = Some(now);
+                    }
                     let mut state = self.state.borrow_mut();
                     state.first_chunk(r, self.objective, self.first_token(), now);
                     if self.first_token() && state.config().scheduling.decode_speed {
@@ -503,7 +513,10 @@ impl HttpContext for RequestFilter {
 
     fn on_log(&mut self) {
         if let (true, Some(r)) = (self.answered_in_full, &self.routed) {
-            self.state.borrow_mut().completed(r);
+            // Streamed: from routing to the first chunk and from it to the
+            // end (the clock is read for nothing else).
+            let times = self.first_chunk_at.map(|first| (first, now_ms(self)));
+            self.state.borrow_mut().completed(r, times);
         }
         if let Some(at) = self.answered_at {
             if let Some(r) = self.routed.take() {

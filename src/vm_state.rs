@@ -121,7 +121,7 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
         for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
             let _ = write!(
                 v,
-                "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok; delays {:.0} others {:.0}; streams {:.0} slower)",
+                "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok + slot wait {:.0}; delays {:.0} others {:.0}; streams {:.0} slower)",
                 if i > 0 { "," } else { "" },
                 e,
                 p.ttft_ms,
@@ -130,6 +130,7 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
                 p.ahead_tokens,
                 p.uncached_tokens,
                 p.ms_per_token,
+                p.slot_wait_ms,
                 p.present,
                 p.others_delay_ms,
                 p.slow_decode_ms
@@ -582,10 +583,20 @@ impl VmState {
 
     /// The chosen endpoint answered `routed` in full with a 2xx: evidence
     /// of what its engine keeps (`cache_trust`; an engine may count its
-    /// cache hits only when a request finishes, as SGLang does).
-    pub fn completed(&mut self, routed: &Routed) {
+    /// cache hits only when a request finishes, as SGLang does) and, for an
+    /// answer streamed in several chunks (`times`: when its first chunk
+    /// came, when it ended, ms), of how long a request holds an engine's
+    /// slot (`scheduling.slot_wait`).
+    pub fn completed(&mut self, routed: &Routed, times: Option<(u64, u64)>) {
         self.router
             .completed_with_prefix(routed.endpoint, routed.held_blocks, routed.at_ms);
+        if let Some((first_ms, end_ms)) = times {
+            self.router.streamed_in_full(
+                routed.prediction.as_ref(),
+                first_ms.saturating_sub(routed.at_ms),
+                end_ms.saturating_sub(first_ms),
+            );
+        }
     }
 
     /// `endpoint` streamed `bytes` of a 2xx answer after its first chunk in
@@ -611,10 +622,8 @@ impl VmState {
         let prediction = routed.prediction;
         self.stats
             .first_token(ttft_ms, objective.index, prediction.map(|p| p.ttft_ms));
-        if let Some(p) = prediction {
-            let work = (p.ahead_tokens + p.uncached_tokens) as u64;
-            self.router
-                .first_byte(routed.endpoint, work, p.running, ttft_ms);
+        if let Some(p) = &prediction {
+            self.router.first_byte(routed.endpoint, p, ttft_ms);
         }
     }
 

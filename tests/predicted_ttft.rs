@@ -280,3 +280,74 @@ fn error_answers_do_not_teach_the_model_a_pod_is_fast() {
         "{to_failing} of 12 new requests went to the pod answering errors"
     );
 }
+
+/// `scheduling.slot_wait` with the default `weighted` profile: engines that
+/// run one request at a time (`--max-num-seqs 1`, as llama.cpp with one
+/// slot). The holder of a long conversation is busy with its long answer
+/// and its scrapes show requests queued at that count, scrape after
+/// scrape: kvroute learns the holder's limit (1). By the prefill tokens
+/// ahead the holder is cheap (the queued requests are short), so without
+/// the option the next turn stays and waits for the answer to end; with
+/// it, the wait for the slot (whole requests, 1 s each until streams
+/// teach otherwise) costs more than prefilling the conversation on the
+/// free pod, even charged twice, and the turn moves there, saying so.
+#[test]
+fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
+    let history = "the customer asked about the refund policy for damaged parcels ".repeat(40);
+    let turn = |n: usize, max_tokens: u32, stream: bool| {
+        json!({"model": MODEL, "max_tokens": max_tokens, "stream": stream,
+               "prompt": format!("{history} turn {n}")})
+    };
+    for slot_wait in [false, true] {
+        let sim = Sim::start(2, &["--max-num-seqs", "1", "--time-scale", "0.2"]);
+        let envoy = Envoy::start(
+            &sim.endpoints(),
+            json!({"debug_header": DEBUG, "scheduling": {"slot_wait": slot_wait}}),
+            1,
+        );
+        // Short requests first: the model prices requests queued that
+        // kvroute did not send at the mean size of those it routed.
+        for i in 0..10 {
+            let body = json!({"model": MODEL, "max_tokens": 1,
+                              "prompt": format!("short question number {i} ").repeat(4)});
+            assert_eq!(post_json(&envoy.url("/v1/completions"), &body).status, 200);
+        }
+        let first = post_json(&envoy.url("/v1/completions"), &turn(1, 1, false));
+        assert_eq!(first.status, 200, "{}", first.body);
+        let holder = first.pod().expect("pod header");
+        // A long answer on the holder's only slot, and a queue behind it.
+        let port = envoy.port;
+        let long = turn(2, 2_000, true);
+        let answer = std::thread::spawn(move || sse_events(port, "/v1/completions", &long));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        sim.fault(holder, json!({"queue_inflate": 2}));
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        assert_eq!(
+            sim.state(holder)["running"].as_u64(),
+            Some(1),
+            "the answer runs"
+        );
+        let r = post_json(&envoy.url("/v1/completions"), &turn(3, 1, false));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let debug = r.header(DEBUG).expect("debug header").to_string();
+        let moved = envoy.stat("wasmcustom.kvroute.decision.moved_by_cost");
+        if slot_wait {
+            assert_eq!(r.pod(), Some(1 - holder), "{debug}");
+            assert!(debug.contains("reason=Load"), "{debug}");
+            assert!(
+                debug.contains(&format!("moved_by_cost={}=", sim.endpoint(1 - holder)))
+                    && debug.contains(&format!(" over {}=", sim.endpoint(holder))),
+                "{debug}"
+            );
+            assert_eq!(moved, 1.0);
+        } else {
+            assert_eq!(r.pod(), Some(holder), "{debug}");
+            assert!(debug.contains("reason=Prefix"), "{debug}");
+            assert_eq!(moved, 0.0);
+        }
+        sim.fault(holder, json!({"queue_inflate": 0}));
+        drop(envoy);
+        drop(sim);
+        let _ = answer.join();
+    }
+}

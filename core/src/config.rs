@@ -476,6 +476,15 @@ pub struct SchedulingConfig {
     /// default: on a mixed fleet it raises throughput but, on a cache-bound
     /// workload, costs hit rate (bench/README.md, "A mixed fleet").
     pub decode_speed: bool,
+    /// Price the wait for a free slot into the TTFT model's costs
+    /// (`slots.rs`): an endpoint seen queueing at the most requests it
+    /// ever ran holds that many at once (llama.cpp's slots, vLLM's
+    /// `max_num_seqs`), and a request beyond them waits for whole requests
+    /// to finish. `predicted_ttft` and the two cost checks above weigh it.
+    /// Changes nothing on an endpoint never seen queueing at its highest
+    /// running count. On by default (bench/README.md, "Engines with few
+    /// slots").
+    pub slot_wait: bool,
     /// The predicted-TTFT model (`profile: predicted_ttft`, and the
     /// cost checks of the other profiles).
     pub ttft: TtftConfig,
@@ -498,6 +507,7 @@ impl Default for SchedulingConfig {
             keep_cheaper_holder_min_saved: 0.5,
             leave_costlier_holder: true,
             decode_speed: false,
+            slot_wait: true,
             ttft: TtftConfig::default(),
         }
     }
@@ -1156,6 +1166,7 @@ mod tests {
         assert_eq!(c.scheduling.keep_cheaper_holder_min_saved, 0.5);
         assert!(c.scheduling.leave_costlier_holder);
         assert!(!c.scheduling.decode_speed);
+        assert!(c.scheduling.slot_wait);
         assert_eq!(c.allowed_paths, default_allowed_paths());
         let c = parse(
             r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0,"keep_cheaper_holder":true}}"#,

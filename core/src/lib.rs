@@ -41,6 +41,7 @@ pub mod router;
 pub mod saturation;
 pub mod scheduler;
 pub mod shared;
+pub mod slots;
 pub mod sorted_lookup;
 pub mod stall;
 pub mod ttft;

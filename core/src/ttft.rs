@@ -17,7 +17,12 @@
 //! present(e)  = max(engine running + engine waiting, kvroute's requests on e)
 //! TTFT(e)     = f(e) x (overhead + ms_per_token x (ahead(e) + uncached(e))
 //!                              + ms_per_running x running(e))
+//!             + max(0, slot wait(e) - f(e) x ms_per_token x ahead(e))
 //! ```
+//!
+//! `slot wait(e)` is what the request waits for one of the engine's slots
+//! to free up (`slots.rs`, `scheduling.slot_wait`; 0 without a learnt
+//! limit): it starts after the longer of that wait and its prefill queue.
 //!
 //! The second `ahead` term counts requests the engine queues that kvroute
 //! did not send (other gateways, other clients), at the mean size kvroute
@@ -57,7 +62,7 @@
 //! with a 2xx status (an error answer comes at once, with no prefill: a pod
 //! that fails fast must not be learnt fast and draw every request), is one
 //! observation `(1, ahead + uncached, running) -> routing to first
-//! byte`. The fleet's `(overhead, ms_per_token, ms_per_running)` is a
+//! byte`, less the slot wait predicted for it (`Router::first_byte`). The fleet's `(overhead, ms_per_token, ms_per_running)` is a
 //! least-squares fit of them, decayed (a window of about 200 observations)
 //! and ridged toward the configured priors (`scheduling.ttft`), so it holds
 //! with few or degenerate observations; an observation counts at most 4x
@@ -225,6 +230,11 @@ pub struct Prediction {
     /// What this request's prefill delays the requests there, in total, ms
     /// (`uncached x ms_per_token x present`).
     pub others_delay_ms: f64,
+    /// How much longer than its prefill queue the request waits here for
+    /// one of the engine's slots to free up, ms (`slots.rs`; 0 below the
+    /// endpoint's limit, without one, and with `scheduling.slot_wait`
+    /// off). Part of `ttft_ms`.
+    pub slot_wait_ms: f64,
     /// How much longer a mean answer streams here than from the fleet's
     /// fastest endpoint, ms (`decode_speed.rs`; 0 on a fleet of like
     /// endpoints, and with `scheduling.decode_speed` off).
@@ -394,7 +404,9 @@ impl TtftModel {
 
     /// The prediction for `endpoint` with `ahead` tokens of prefill before
     /// this request's `uncached` ones, while `running` requests decode there
-    /// out of `present` it holds (running and waiting).
+    /// out of `present` it holds (running and waiting), and a wait of
+    /// `slot_wait_ms` for a free slot (`slots.rs`): the request starts
+    /// after the longer of that wait and its prefill queue.
     pub fn predict(
         &self,
         endpoint: &Endpoint,
@@ -402,6 +414,7 @@ impl TtftModel {
         uncached: f64,
         running: f64,
         present: f64,
+        slot_wait_ms: f64,
     ) -> Prediction {
         let r = self.rates(endpoint);
         let ahead = non_negative(ahead);
@@ -409,7 +422,9 @@ impl TtftModel {
         let running = non_negative(running);
         let present = max_num(present, running);
         let decode_ms = r.ms_per_running * running;
-        let ttft_ms = r.overhead_ms + decode_ms + (ahead + uncached) * r.ms_per_token;
+        let slot_wait_ms = non_negative(slot_wait_ms - ahead * r.ms_per_token);
+        let ttft_ms =
+            r.overhead_ms + decode_ms + (ahead + uncached) * r.ms_per_token + slot_wait_ms;
         let others_delay_ms = uncached * r.ms_per_token * present;
         Prediction {
             ttft_ms,
@@ -421,6 +436,7 @@ impl TtftModel {
             decode_ms,
             present,
             others_delay_ms,
+            slot_wait_ms,
             slow_decode_ms: 0.0,
             cost_ms: ttft_ms + others_delay_ms,
         }
@@ -471,9 +487,25 @@ mod tests {
     #[test]
     fn unobserved_fleets_use_the_priors() {
         let m = model();
-        let p = m.predict(&ep(1), 1000.0, 500.0, 0.0, 0.0);
+        let p = m.predict(&ep(1), 1000.0, 500.0, 0.0, 0.0, 0.0);
         assert!((p.ttft_ms - (20.0 + 1500.0 * 0.1)).abs() < 1e-6, "{p:?}");
         assert_eq!(m.rates(&ep(1)).observations, 0);
+    }
+
+    #[test]
+    fn a_slot_wait_counts_beyond_the_prefill_queue_only() {
+        let m = model();
+        // At the priors: 20 ms + 0.1 ms per token, 1000 tokens ahead.
+        let queued = m.predict(&ep(1), 1000.0, 500.0, 0.0, 0.0, 0.0);
+        // A slot frees up before the queue ahead is prefilled: no more.
+        let soon = m.predict(&ep(1), 1000.0, 500.0, 0.0, 0.0, 60.0);
+        assert_eq!(soon.ttft_ms, queued.ttft_ms);
+        assert_eq!(soon.slot_wait_ms, 0.0);
+        // A longer wait counts beyond the queue, in the TTFT and the cost.
+        let late = m.predict(&ep(1), 1000.0, 500.0, 0.0, 0.0, 2100.0);
+        assert!((late.slot_wait_ms - 2000.0).abs() < 1e-6, "{late:?}");
+        assert!((late.ttft_ms - queued.ttft_ms - 2000.0).abs() < 1e-6);
+        assert!((late.cost_ms - queued.cost_ms - 2000.0).abs() < 1e-6);
     }
 
     #[test]
@@ -486,8 +518,8 @@ mod tests {
         assert!((r.ms_per_running - 3.0).abs() < 0.5, "{r:?}");
         // An endpoint never observed is taken at the fleet's rates: an idle
         // one beats a busy one for a short request.
-        let busy = m.predict(&ep(1), 0.0, 300.0, 20.0, 20.0);
-        let idle = m.predict(&ep(3), 0.0, 300.0, 0.0, 0.0);
+        let busy = m.predict(&ep(1), 0.0, 300.0, 20.0, 20.0, 0.0);
+        let idle = m.predict(&ep(3), 0.0, 300.0, 0.0, 0.0, 0.0);
         assert!(idle.ttft_ms + 50.0 < busy.ttft_ms, "{idle:?} {busy:?}");
         assert!((busy.decode_ms - 60.0).abs() < 10.0, "{busy:?}");
     }
@@ -546,9 +578,9 @@ mod tests {
     fn an_outlier_barely_moves_the_fit() {
         let mut m = model();
         teach(&mut m, 100, 1.0);
-        let before = m.predict(&ep(1), 0.0, 4000.0, 2.0, 2.0).ttft_ms;
+        let before = m.predict(&ep(1), 0.0, 4000.0, 2.0, 2.0, 0.0).ttft_ms;
         m.observe(ep(1), 4000, 2.0, 600_000); // ten minutes behind a stall
-        let after = m.predict(&ep(1), 0.0, 4000.0, 2.0, 2.0).ttft_ms;
+        let after = m.predict(&ep(1), 0.0, 4000.0, 2.0, 2.0, 0.0).ttft_ms;
         assert!(after < before * 1.5, "{before} -> {after}");
     }
 
@@ -598,7 +630,7 @@ mod tests {
         for v in [r.overhead_ms, r.ms_per_token, r.ms_per_running] {
             assert!(v.is_finite() && v >= 0.0, "{r:?}");
         }
-        let p = m.predict(&ep(1), f64::NAN, 1e12, 1e9, f64::NAN);
+        let p = m.predict(&ep(1), f64::NAN, 1e12, 1e9, f64::NAN, f64::NAN);
         assert!(!p.cost_ms.is_nan(), "{p:?}");
         m.routed(0);
         m.routed(u64::MAX);

@@ -207,9 +207,14 @@ impl Router {
             c.snapshot.map_or(0.0, |s| s.running + s.waiting),
             f64::from(c.inflight.requests),
         );
+        let slot_wait_ms = if self.config.scheduling.slot_wait {
+            self.slots.wait_ms(&c.endpoint, present)
+        } else {
+            0.0
+        };
         let mut p = self
             .ttft
-            .predict(&c.endpoint, ahead, uncached, running, present);
+            .predict(&c.endpoint, ahead, uncached, running, present, slot_wait_ms);
         // 0 unless the model is on and the endpoint streams slower.
         if self.config.scheduling.decode_speed {
             p.slow_decode_ms = self.decode.extra_ms(&c.endpoint);
@@ -367,6 +372,85 @@ mod tests {
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!(d.prediction.unwrap().uncached_tokens, 38_400.0);
         assert_eq!(d.overruled, None);
+    }
+
+    #[test]
+    fn weighted_leaves_a_holder_whose_slots_are_taken_for_a_free_one() {
+        // Two engines of 2 slots (llama.cpp `-np 2`); endpoint 1 holds a
+        // conversation of 40 blocks (2 560 tokens) and runs 2 requests with
+        // 1 queued, scrape after scrape; endpoint 2 is idle.
+        let mut r = router(2);
+        let mut rng = fastrand::Rng::with_seed(1);
+        let full = MetricsSnapshot {
+            waiting: 1.0,
+            running: 2.0,
+            ..MetricsSnapshot::default()
+        };
+        let mut states = idle_states(&r, 0);
+        for t in 1..=crate::slots::MIN_QUEUED as u64 {
+            states.succeed(ep(1), full, t);
+            states.succeed(ep(2), MetricsSnapshot::default(), t);
+            r.observe(&states);
+        }
+        states.succeed(
+            ep(2),
+            MetricsSnapshot {
+                running: 2.0,
+                ..full
+            },
+            4,
+        );
+        states.succeed(ep(2), MetricsSnapshot::default(), 5);
+        r.observe(&states);
+        // Its requests hold a slot 4 s (streamed answers seen so far).
+        for _ in 0..8 {
+            r.streamed_in_full(None, 300, 4_000);
+        }
+        let conversation: Vec<u64> = (1..=40).collect();
+        r.learn(ep(1), &conversation, 0);
+        // Four of kvroute's requests there (two answering, two waiting
+        // with 100 tokens to prefill between them: cache hits).
+        let load = |e: &Endpoint| match *e == ep(1) {
+            true => InFlight {
+                requests: 4,
+                tokens: 100,
+                waiting: 2,
+                progress_ms: 0,
+            },
+            false => InFlight::default(),
+        };
+        let decide = |r: &Router, rng: &mut fastrand::Rng| {
+            r.decide(
+                &conversation,
+                2_560,
+                &states,
+                &OutlierTable::default(),
+                load,
+                10,
+                rng,
+            )
+            .unwrap()
+        };
+        // By its prefill queue alone the holder is cheap: it keeps it.
+        r.config.scheduling.slot_wait = false;
+        let d = decide(&r, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        assert_eq!(d.prediction.unwrap().slot_wait_ms, 0.0);
+        // Its slots are taken: the request would wait for 3 of the 4 to
+        // finish, 2 at a time (6 s), more than prefilling 2 560 tokens on
+        // the free engine, charged twice. It moves, and says so.
+        r.config.scheduling.slot_wait = true;
+        let d = decide(&r, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
+        let o = d.overruled.unwrap();
+        assert_eq!((o.check, o.endpoint), (CostCheck::LeftHolder, ep(1)));
+        assert!(o.cost_ms > 5_000.0, "{o:?}");
+        assert_eq!(d.prediction.unwrap().slot_wait_ms, 0.0);
+        // The free engine has no limit learnt (it ran 2 once, never
+        // queueing): no wait there however loaded, so a limit is only ever
+        // one an engine showed.
+        assert_eq!(r.slots.limit(&ep(2)), None);
+        assert_eq!(r.slots.limit(&ep(1)), Some(2));
     }
 
     #[test]
@@ -684,14 +768,41 @@ mod tests {
     }
 
     #[test]
+    fn a_first_byte_after_a_predicted_slot_wait_teaches_the_rest() {
+        // The same 4 000-token prefill, answered in 420 ms, once at once and
+        // once after a predicted 4 s wait for a slot: the model learns the
+        // same rates from both (the wait is whole requests finishing, which
+        // its rates do not describe).
+        let (mut plain, mut waited) = (ttft_router(1), ttft_router(1));
+        let p = Prediction {
+            uncached_tokens: 4_000.0,
+            ..Prediction::default()
+        };
+        let slot = Prediction {
+            slot_wait_ms: 4_000.0,
+            ..p
+        };
+        for _ in 0..20 {
+            plain.first_byte(ep(1), &p, 420);
+            waited.first_byte(ep(1), &slot, 4_420);
+        }
+        assert_eq!(plain.ttft.rates(&ep(1)), waited.ttft.rates(&ep(1)));
+        assert!((plain.ttft.rates(&ep(1)).ms_per_token - 0.1).abs() < 0.03);
+    }
+
+    #[test]
     fn ttft_learns_a_slow_endpoint_and_sends_it_less() {
         let mut r = ttft_router(2);
         let mut rng = fastrand::Rng::with_seed(4);
         let states = idle_states(&r, 0);
         // Endpoint 1 answers ten times slower per token.
+        let routed = Prediction {
+            uncached_tokens: 4_000.0,
+            ..Prediction::default()
+        };
         for _ in 0..20 {
-            r.first_byte(ep(1), 4_000, 0.0, 20 + 4_000);
-            r.first_byte(ep(2), 4_000, 0.0, 20 + 400);
+            r.first_byte(ep(1), &routed, 20 + 4_000);
+            r.first_byte(ep(2), &routed, 20 + 400);
         }
         // A request with equal work ahead everywhere goes to the fast one,
         // and keeps going there until its queue is over ten times longer

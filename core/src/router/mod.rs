@@ -23,8 +23,9 @@ use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, PrefixMatch, Prompt};
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
+use crate::slots::SlotLimits;
 use crate::stall::{self, StallCheck};
-use crate::ttft::TtftModel;
+use crate::ttft::{Prediction, TtftModel};
 use hashbrown::HashMap;
 
 mod cost;
@@ -52,6 +53,7 @@ pub struct Router {
     caches_checked_ms: u64,
     ttft: TtftModel,
     decode: DecodeSpeed,
+    slots: SlotLimits,
     models: ModelPools,
 }
 
@@ -69,6 +71,7 @@ impl Router {
             caches_checked_ms: 0,
             ttft: TtftModel::new(&config.scheduling.ttft),
             decode: DecodeSpeed::new(config.scheduling.ttft.learning_rate),
+            slots: SlotLimits::new(config.scheduling.ttft.learning_rate),
             models: ModelPools::new(&config.models),
             config,
         };
@@ -167,6 +170,7 @@ impl Router {
         self.cache_trust.retain(&pool);
         self.ttft.retain(&pool);
         self.decode.retain(&pool);
+        self.slots.retain(&pool);
         self.pool = pool;
     }
 
@@ -176,7 +180,9 @@ impl Router {
     /// prefixes still are, or are placed by load, instead of all following
     /// the index back to an empty cache), and, when
     /// `prefix.follow_engine_capacity` is on, the capacity it reports
-    /// (`block_size x num_gpu_blocks`). Returns the endpoints forgotten.
+    /// (`block_size x num_gpu_blocks`), and, with `scheduling.slot_wait`,
+    /// the requests it runs and queues (`slots.rs`). Returns the endpoints
+    /// forgotten.
     pub fn observe(&mut self, states: &EndpointStates) -> Vec<Endpoint> {
         let follow = self.config.prefix.follow_engine_capacity;
         let mut forgotten = Vec::new();
@@ -192,7 +198,13 @@ impl Router {
             if state.restarts != seen && self.pool.binary_search(endpoint).is_ok() {
                 self.restarts.insert(*endpoint, state.restarts);
                 self.index.clear(*endpoint);
+                self.slots.forget(endpoint);
                 forgotten.push(*endpoint);
+            }
+            if let Some(snapshot) = &state.snapshot {
+                if self.config.scheduling.slot_wait && self.pool.binary_search(endpoint).is_ok() {
+                    self.slots.observe(*endpoint, snapshot, state.scraped_at_ms);
+                }
             }
             let Some(tokens) = state.snapshot.and_then(|s| s.kv_capacity_tokens) else {
                 continue;
@@ -463,13 +475,38 @@ impl Router {
     }
 
     /// `endpoint` sent the first byte of a streaming response `ttft_ms`
-    /// after routing; the request had `work_tokens` of prefill to wait for
-    /// (the prediction's ahead + uncached) while `running` requests decoded
-    /// there. Teaches the TTFT model.
-    pub fn first_byte(&mut self, endpoint: Endpoint, work_tokens: u64, running: f64, ttft_ms: u64) {
+    /// after routing, a request routed with `prediction`: it had the
+    /// prediction's ahead and uncached tokens of prefill to wait for while
+    /// its `running` requests decoded there. Teaches the TTFT model, less
+    /// the wait for a slot the prediction held (`slots.rs`: whole requests
+    /// finishing, which the model's rates do not describe).
+    pub fn first_byte(&mut self, endpoint: Endpoint, prediction: &Prediction, ttft_ms: u64) {
         if self.contains(endpoint) {
-            self.ttft.observe(endpoint, work_tokens, running, ttft_ms);
+            let work = (prediction.ahead_tokens + prediction.uncached_tokens) as u64;
+            let waited = ttft_ms.saturating_sub(prediction.slot_wait_ms as u64);
+            self.ttft
+                .observe(endpoint, work, prediction.running, waited);
         }
+    }
+
+    /// A 2xx answer routed with `prediction` streamed its first chunk
+    /// `ttft_ms` after routing and its last `decode_ms` after that: it held
+    /// an engine's slot for its own prefill (the part of its first token
+    /// the prediction puts on its fixed part and uncached tokens, at most
+    /// `ttft_ms`; the wait before it held nothing) and its answer
+    /// (`scheduling.slot_wait`, `slots.rs`).
+    pub fn streamed_in_full(
+        &mut self,
+        prediction: Option<&Prediction>,
+        ttft_ms: u64,
+        decode_ms: u64,
+    ) {
+        if !self.config.scheduling.slot_wait {
+            return;
+        }
+        let own = prediction.map_or(0.0, |p| p.overhead_ms + p.uncached_tokens * p.ms_per_token);
+        let prefill_ms = (own.max(0.0) as u64).min(ttft_ms);
+        self.slots.held(prefill_ms.saturating_add(decode_ms));
     }
 
     /// `endpoint` streamed `bytes` of a 2xx answer after its first chunk,
