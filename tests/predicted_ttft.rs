@@ -182,6 +182,40 @@ fn keep_cheaper_holder_keeps_a_document_on_its_queueing_holder() {
     }
 }
 
+/// Ten requests of `repeat` copies of a `label`ed question first: the
+/// model prices queued requests kvroute did not send at the mean size of
+/// those it routed.
+fn route_ten(envoy: &Envoy, label: &str, repeat: usize) {
+    for i in 0..10 {
+        let body = json!({"model": MODEL, "max_tokens": 1,
+                          "prompt": format!("{label} question number {i} ").repeat(repeat)});
+        assert_eq!(post_json(&envoy.url("/v1/completions"), &body).status, 200);
+    }
+}
+
+/// `r`, a request whose prefix pod `holder` of two holds, was moved off it
+/// by a cost check (`moved`), saying so in its debug header and stats, or
+/// stayed with its prefix.
+fn assert_moved_off(r: &Reply, envoy: &Envoy, sim: &Sim, holder: usize, moved: bool) {
+    let debug = r.header(DEBUG).expect("debug header").to_string();
+    let count = envoy.stat("wasmcustom.kvroute.decision.moved_by_cost");
+    if moved {
+        assert_eq!(r.pod(), Some(1 - holder), "{debug}");
+        assert!(debug.contains("reason=Load"), "{debug}");
+        assert!(
+            debug.contains(&format!("moved_by_cost={}=", sim.endpoint(1 - holder)))
+                && debug.contains(&format!(" over {}=", sim.endpoint(holder))),
+            "{debug}"
+        );
+        assert_eq!(count, 1.0);
+    } else {
+        assert_eq!(r.pod(), Some(holder), "{debug}");
+        assert!(debug.contains("reason=Prefix"), "{debug}");
+        assert!(!debug.contains("moved_by_cost"), "{debug}");
+        assert_eq!(count, 0.0);
+    }
+}
+
 /// `scheduling.leave_costlier_holder` with the default `weighted` profile:
 /// the holder of a short prompt reports 7 queued requests kvroute did not
 /// send, one short of the overload filter. The scores still pick it (a full
@@ -205,35 +239,12 @@ fn leave_costlier_holder_moves_a_short_prompt_off_a_queueing_holder() {
             json!({"debug_header": DEBUG, "scheduling": {"leave_costlier_holder": leave}}),
             1,
         );
-        // Requests of ~500 tokens first: the model prices queued requests
-        // kvroute did not send at the mean size of those it routed.
-        for i in 0..10 {
-            let body = json!({"model": MODEL, "max_tokens": 1,
-                              "prompt": format!("long question number {i} ").repeat(80)});
-            assert_eq!(post_json(&envoy.url("/v1/completions"), &body).status, 200);
-        }
+        // Requests of ~500 tokens first.
+        route_ten(&envoy, "long", 80);
         let holder = ask(&envoy).pod().expect("pod header");
         sim.fault(holder, json!({"queue_inflate": 7}));
         std::thread::sleep(std::time::Duration::from_millis(300));
-        let r = ask(&envoy);
-        let debug = r.header(DEBUG).expect("debug header").to_string();
-        let moved = envoy.stat("wasmcustom.kvroute.decision.moved_by_cost");
-        if leave {
-            let other = sim.endpoint(1 - holder);
-            assert_eq!(r.pod(), Some(1 - holder), "{debug}");
-            assert!(debug.contains("reason=Load"), "{debug}");
-            assert!(
-                debug.contains(&format!("moved_by_cost={other}="))
-                    && debug.contains(&format!(" over {}=", sim.endpoint(holder))),
-                "{debug}"
-            );
-            assert_eq!(moved, 1.0);
-        } else {
-            assert_eq!(r.pod(), Some(holder), "{debug}");
-            assert!(debug.contains("reason=Prefix"), "{debug}");
-            assert!(!debug.contains("moved_by_cost"), "{debug}");
-            assert_eq!(moved, 0.0);
-        }
+        assert_moved_off(&ask(&envoy), &envoy, &sim, holder, leave);
     }
 }
 
@@ -305,13 +316,8 @@ fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
             json!({"debug_header": DEBUG, "scheduling": {"slot_wait": slot_wait}}),
             1,
         );
-        // Short requests first: the model prices requests queued that
-        // kvroute did not send at the mean size of those it routed.
-        for i in 0..10 {
-            let body = json!({"model": MODEL, "max_tokens": 1,
-                              "prompt": format!("short question number {i} ").repeat(4)});
-            assert_eq!(post_json(&envoy.url("/v1/completions"), &body).status, 200);
-        }
+        // Short requests first (the queued ones are priced at their size).
+        route_ten(&envoy, "short", 4);
         let first = post_json(&envoy.url("/v1/completions"), &turn(1, 1, false));
         assert_eq!(first.status, 200, "{}", first.body);
         let holder = first.pod().expect("pod header");
@@ -329,22 +335,7 @@ fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
         );
         let r = post_json(&envoy.url("/v1/completions"), &turn(3, 1, false));
         assert_eq!(r.status, 200, "{}", r.body);
-        let debug = r.header(DEBUG).expect("debug header").to_string();
-        let moved = envoy.stat("wasmcustom.kvroute.decision.moved_by_cost");
-        if slot_wait {
-            assert_eq!(r.pod(), Some(1 - holder), "{debug}");
-            assert!(debug.contains("reason=Load"), "{debug}");
-            assert!(
-                debug.contains(&format!("moved_by_cost={}=", sim.endpoint(1 - holder)))
-                    && debug.contains(&format!(" over {}=", sim.endpoint(holder))),
-                "{debug}"
-            );
-            assert_eq!(moved, 1.0);
-        } else {
-            assert_eq!(r.pod(), Some(holder), "{debug}");
-            assert!(debug.contains("reason=Prefix"), "{debug}");
-            assert_eq!(moved, 0.0);
-        }
+        assert_moved_off(&r, &envoy, &sim, holder, slot_wait);
         sim.fault(holder, json!({"queue_inflate": 0}));
         drop(envoy);
         drop(sim);
