@@ -218,6 +218,10 @@ pub async fn start(
         ])
         .arg("--wasm")
         .arg(&tools.wasm)
+        // The rendered config beside the run's log, one per router (a temp
+        // file per Envoy start, never removed, piled up in /tmp).
+        .arg("--out")
+        .arg(tools.logs.join(format!("{file_stem}.yaml")))
         .args(&instance.render_args);
     if let Some(mut cfg) = kind.kvroute_config() {
         if let Some(o) = kvroute_overrides {
