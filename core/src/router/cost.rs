@@ -410,14 +410,17 @@ mod tests {
         r.learn(ep(1), &conversation, 0);
         // Four of kvroute's requests there (two answering, two waiting
         // with 100 tokens to prefill between them: cache hits).
-        let load = |e: &Endpoint| match *e == ep(1) {
-            true => InFlight {
-                requests: 4,
-                tokens: 100,
-                waiting: 2,
-                progress_ms: 0,
-            },
-            false => InFlight::default(),
+        let load = |e: &Endpoint| {
+            if *e == ep(1) {
+                InFlight {
+                    requests: 4,
+                    tokens: 100,
+                    waiting: 2,
+                    progress_ms: 0,
+                }
+            } else {
+                InFlight::default()
+            }
         };
         let decide = |r: &Router, rng: &mut fastrand::Rng| {
             r.decide(
@@ -446,9 +449,9 @@ mod tests {
         assert_eq!((o.check, o.endpoint), (CostCheck::LeftHolder, ep(1)));
         assert!(o.cost_ms > 5_000.0, "{o:?}");
         assert_eq!(d.prediction.unwrap().slot_wait_ms, 0.0);
-        // The free engine has no limit learnt (it ran 2 once, never
-        // queueing): no wait there however loaded, so a limit is only ever
-        // one an engine showed.
+        // The free engine has no limit learnt (it queued at 2 running in
+        // one scrape, fewer than `MIN_QUEUED`): no wait there however
+        // loaded, so a limit is only ever one an engine showed repeatedly.
         assert_eq!(r.slots.limit(&ep(2)), None);
         assert_eq!(r.slots.limit(&ep(1)), Some(2));
     }
