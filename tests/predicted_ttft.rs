@@ -294,14 +294,15 @@ fn error_answers_do_not_teach_the_model_a_pod_is_fast() {
 
 /// `scheduling.slot_wait` with the default `weighted` profile: engines that
 /// run one request at a time (`--max-num-seqs 1`, as llama.cpp with one
-/// slot). The holder of a long conversation is busy with its long answer
-/// and its scrapes show requests queued at that count, scrape after
-/// scrape: kvroute learns the holder's limit (1). By the prefill tokens
-/// ahead the holder is cheap (the queued requests are short), so without
-/// the option the next turn stays and waits for the answer to end; with
-/// it, the wait for the slot (whole requests, 1 s each until streams
-/// teach otherwise) costs more than prefilling the conversation on the
-/// free pod, even charged twice, and the turn moves there, saying so.
+/// slot). The holder of a long conversation is busy with its long answer.
+/// By the prefill tokens ahead it is cheap (what waits there is short), so
+/// without a limit known the next turn stays and waits for the answer to
+/// end. The limit (1) is known either from the holder's scrapes, which
+/// show requests queued at that count scrape after scrape, or from
+/// `scheduling.engine_slots` before any scrape could show it. Then the
+/// wait for the slot (whole requests, 1 s each until streams teach
+/// otherwise) costs more than prefilling the conversation on the free pod,
+/// even charged twice, and the turn moves there, saying so.
 #[test]
 fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
     let history = "the customer asked about the refund policy for damaged parcels ".repeat(40);
@@ -309,11 +310,18 @@ fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
         json!({"model": MODEL, "max_tokens": max_tokens, "stream": stream,
                "prompt": format!("{history} turn {n}")})
     };
-    for slot_wait in [false, true] {
+    // (scheduling config, requests the holder's scrapes show queued, moved)
+    let cases = [
+        (json!({"slot_wait": false}), 2, false),
+        (json!({"slot_wait": true}), 2, true),
+        (json!({}), 0, false),
+        (json!({"engine_slots": 1}), 0, true),
+    ];
+    for (scheduling, queued, moved) in cases {
         let sim = Sim::start(2, &["--max-num-seqs", "1", "--time-scale", "0.2"]);
         let envoy = Envoy::start(
             &sim.endpoints(),
-            json!({"debug_header": DEBUG, "scheduling": {"slot_wait": slot_wait}}),
+            json!({"debug_header": DEBUG, "scheduling": scheduling}),
             1,
         );
         // Short requests first (the queued ones are priced at their size).
@@ -326,7 +334,7 @@ fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
         let long = turn(2, 2_000, true);
         let answer = std::thread::spawn(move || sse_events(port, "/v1/completions", &long));
         std::thread::sleep(std::time::Duration::from_millis(300));
-        sim.fault(holder, json!({"queue_inflate": 2}));
+        sim.fault(holder, json!({"queue_inflate": queued}));
         std::thread::sleep(std::time::Duration::from_millis(600));
         assert_eq!(
             sim.state(holder)["running"].as_u64(),
@@ -335,7 +343,7 @@ fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
         );
         let r = post_json(&envoy.url("/v1/completions"), &turn(3, 1, false));
         assert_eq!(r.status, 200, "{}", r.body);
-        assert_moved_off(&r, &envoy, &sim, holder, slot_wait);
+        assert_moved_off(&r, &envoy, &sim, holder, moved);
         sim.fault(holder, json!({"queue_inflate": 0}));
         drop(envoy);
         drop(sim);

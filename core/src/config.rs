@@ -406,6 +406,10 @@ impl Default for Weights {
     }
 }
 
+/// Largest `scheduling.engine_slots`: more than any engine runs at once
+/// (vLLM's `max_num_seqs` defaults to 256 to 1024).
+pub const MAX_ENGINE_SLOTS: u32 = 65_536;
+
 /// `scheduling.*`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -485,6 +489,13 @@ pub struct SchedulingConfig {
     /// running count. On by default (bench/README.md, "Engines with few
     /// slots").
     pub slot_wait: bool,
+    /// With `slot_wait`: the most requests each engine runs at once, when
+    /// the operator knows it (llama.cpp's `--parallel`, vLLM's
+    /// `max_num_seqs`, SGLang's `max_running_requests`). Priced from the
+    /// first request, before scrapes could show it; a limit learnt from an
+    /// endpoint's scrapes, or a count above this one, replaces it there.
+    /// `None` (default): learnt only.
+    pub engine_slots: Option<u32>,
     /// The predicted-TTFT model (`profile: predicted_ttft`, and the
     /// cost checks of the other profiles).
     pub ttft: TtftConfig,
@@ -508,6 +519,7 @@ impl Default for SchedulingConfig {
             leave_costlier_holder: true,
             decode_speed: false,
             slot_wait: true,
+            engine_slots: None,
             ttft: TtftConfig::default(),
         }
     }
@@ -1021,6 +1033,22 @@ impl Config {
                 return Err(err(name, v, &format!("must be a number in 0..={max}")));
             }
         }
+        if let Some(n) = s.engine_slots {
+            if !(1..=MAX_ENGINE_SLOTS).contains(&n) {
+                return Err(err(
+                    "scheduling.engine_slots",
+                    n,
+                    &format!("must be 1..={MAX_ENGINE_SLOTS} (or left out to learn it)"),
+                ));
+            }
+            if !s.slot_wait {
+                return Err(err(
+                    "scheduling.engine_slots",
+                    n,
+                    "prices the wait for a slot: needs scheduling.slot_wait",
+                ));
+            }
+        }
         if s.ttft.prior_ms_per_token <= 0.0 || s.ttft.learning_rate <= 0.0 {
             return Err(err(
                 "scheduling.ttft",
@@ -1167,6 +1195,7 @@ mod tests {
         assert!(c.scheduling.leave_costlier_holder);
         assert!(!c.scheduling.decode_speed);
         assert!(c.scheduling.slot_wait);
+        assert_eq!(c.scheduling.engine_slots, None);
         assert_eq!(c.allowed_paths, default_allowed_paths());
         let c = parse(
             r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"min_range_requests":0,"min_range_tokens":0,"cold_margin":0,"keep_cheaper_holder":true}}"#,
@@ -1286,6 +1315,14 @@ mod tests {
             (
                 r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"gate_max_tokens_excess":-5}}"#,
                 "scheduling.gate_max_tokens_excess",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"engine_slots":0}}"#,
+                "scheduling.engine_slots",
+            ),
+            (
+                r#"{"endpoints":["1.2.3.4:80"],"scheduling":{"engine_slots":4,"slot_wait":false}}"#,
+                "scheduling.engine_slots",
             ),
             (
                 r#"{"endpoints":["1.2.3.4:80"],"outlier_detection":{"max_ejection_percent":101}}"#,

@@ -25,6 +25,12 @@
 //!   a queue drains as its prefill does (the TTFT model's queue), not
 //!   request by request. A count above `L` shows `L` was not the limit:
 //!   the counts start again at the new high. Unknown: no wait.
+//! - **Or the limit the operator configured** (`scheduling.engine_slots`),
+//!   from the first request on, before any scrape could show a queue: a
+//!   gateway that starts in front of busy engines, or a burst of new
+//!   conversations, is priced at once. A learnt limit takes its place,
+//!   and so does a count above it (the configured number was not the
+//!   endpoint's: from then on its limit is learnt as above).
 //! - **How long a request holds its slot**: the fleet's log mean, over
 //!   the 2xx answers streamed in full, of their own prefill (as the TTFT
 //!   model predicted it, at most the observed first-token time: the wait
@@ -79,24 +85,30 @@ impl Seen {
     }
 }
 
-/// Each endpoint's learnt limit and the fleet's mean time in a slot.
+/// Each endpoint's limit and the fleet's mean time in a slot.
 #[derive(Clone, Debug)]
 pub struct SlotLimits {
     seen: HashMap<Endpoint, Seen>,
-    /// The limits known, apart: a decision asks for every candidate's
-    /// wait, and most fleets have none to find.
+    /// The limits that differ from `configured`, apart: a decision asks
+    /// for every candidate's wait, and most fleets have none to find. 0:
+    /// none (the endpoint ran more than the configured limit).
     limits: HashMap<Endpoint, u32>,
+    /// `scheduling.engine_slots`: every endpoint's limit until its scrapes
+    /// tell another.
+    configured: Option<u32>,
     held_ms: LogMean,
     learning_rate: f64,
 }
 
 impl SlotLimits {
     /// Nothing learnt; `learning_rate` for the mean time in a slot (once
-    /// warmed up), a request held 1 s until then.
-    pub fn new(learning_rate: f64) -> Self {
+    /// warmed up), a request held 1 s until then; `configured`, the
+    /// operator's limit for every endpoint (`scheduling.engine_slots`).
+    pub fn new(learning_rate: f64, configured: Option<u32>) -> Self {
         SlotLimits {
             seen: HashMap::new(),
             limits: HashMap::new(),
+            configured: configured.filter(|&c| c > 0),
             held_ms: LogMean::at(1000.0),
             learning_rate,
         }
@@ -125,18 +137,27 @@ impl SlotLimits {
         } else {
             seen.queued_below = seen.queued_below.saturating_add(queued);
         }
-        match seen.limit() {
-            Some(limit) => self.limits.insert(endpoint, limit),
-            None => self.limits.remove(&endpoint),
-        };
+        // The configured limit holds until a count above it.
+        let limit = seen
+            .limit()
+            .or(self.configured.filter(|&c| seen.most_running <= c));
+        if limit == self.configured {
+            self.limits.remove(&endpoint);
+        } else {
+            self.limits.insert(endpoint, limit.unwrap_or(0));
+        }
     }
 
-    /// The endpoint's limit, if its scrapes showed one.
+    /// The endpoint's limit: learnt from its scrapes, else the configured
+    /// one unless its scrapes showed more running.
     pub fn limit(&self, endpoint: &Endpoint) -> Option<u32> {
         if self.limits.is_empty() {
-            return None;
+            return self.configured;
         }
-        self.limits.get(endpoint).copied()
+        match self.limits.get(endpoint) {
+            Some(&l) => (l > 0).then_some(l),
+            None => self.configured,
+        }
     }
 
     /// A request held its slot `ms` (its prefill and its answer).
@@ -160,7 +181,7 @@ impl SlotLimits {
     }
 
     /// Forgets what `endpoint` showed (its engine restarted: it may run
-    /// with another limit).
+    /// with another limit; the configured one applies again).
     pub fn forget(&mut self, endpoint: &Endpoint) {
         self.seen.remove(endpoint);
         self.limits.remove(endpoint);
@@ -202,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_queue_that_keeps_showing_at_the_most_running_marks_the_limit() {
-        let mut s = SlotLimits::new(0.1);
+        let mut s = SlotLimits::new(0.1, None);
         let e = ep(1);
         // Running without a queue says nothing of a limit.
         feed(&mut s, e, &[(1.0, 0.0), (2.0, 0.0), (1.0, 0.0), (0.0, 0.0)]);
@@ -240,7 +261,7 @@ mod tests {
     fn an_engine_that_queues_at_any_count_has_no_limit() {
         // vLLM prefilling a long document: requests wait for the step's
         // token budget while 1 to 6 run.
-        let mut s = SlotLimits::new(0.1);
+        let mut s = SlotLimits::new(0.1, None);
         let e = ep(1);
         let mut scrapes = vec![(6.0, 1.0); 4];
         for r in [1.0, 3.0, 2.0, 4.0, 5.0, 1.0] {
@@ -250,7 +271,7 @@ mod tests {
         assert_eq!(s.limit(&e), None, "{:?}", s.seen[&e]);
         // A rare queue below the limit (a slot refilled between two steps)
         // does not hide it.
-        let mut s = SlotLimits::new(0.1);
+        let mut s = SlotLimits::new(0.1, None);
         let mut scrapes = vec![(4.0, 3.0); 8];
         scrapes.push((3.0, 2.0));
         feed(&mut s, e, &scrapes);
@@ -258,8 +279,38 @@ mod tests {
     }
 
     #[test]
+    fn a_configured_limit_holds_from_the_start_until_scrapes_tell_another() {
+        let mut s = SlotLimits::new(0.1, Some(4));
+        let (a, b, c) = (ep(1), ep(2), ep(3));
+        // Before any scrape: every endpoint has it, and a request beyond
+        // it waits.
+        assert_eq!((s.limit(&a), s.limit(&b)), (Some(4), Some(4)));
+        assert!(s.wait_ms(&a, 4.0) > 0.0);
+        // Scrapes at or below it change nothing ...
+        feed(&mut s, a, &[(2.0, 0.0), (4.0, 0.0), (4.0, 3.0)]);
+        assert_eq!(s.limit(&a), Some(4));
+        assert!(s.limits.is_empty(), "nothing kept for the configured limit");
+        // ... a smaller limit learnt from them replaces it ...
+        feed(&mut s, b, &[(2.0, 1.0); MIN_QUEUED as usize]);
+        assert_eq!(s.limit(&b), Some(2));
+        // ... and a count above it shows it is not this endpoint's: none
+        // until one is learnt at the new high.
+        feed(&mut s, c, &[(6.0, 0.0)]);
+        assert_eq!(s.limit(&c), None);
+        assert_eq!(s.wait_ms(&c, 10.0), 0.0);
+        feed(&mut s, c, &[(6.0, 2.0); MIN_QUEUED as usize]);
+        assert_eq!(s.limit(&c), Some(6));
+        // A restart forgets what was learnt: the configured limit again.
+        s.forget(&b);
+        s.forget(&c);
+        assert_eq!((s.limit(&b), s.limit(&c)), (Some(4), Some(4)));
+        // 0 is not a limit.
+        assert_eq!(SlotLimits::new(0.1, Some(0)).limit(&a), None);
+    }
+
+    #[test]
     fn the_wait_counts_whole_requests_ahead_per_slot() {
-        let mut s = SlotLimits::new(0.1);
+        let mut s = SlotLimits::new(0.1, None);
         let e = ep(1);
         feed(&mut s, e, &[(2.0, 1.0); MIN_QUEUED as usize]);
         for _ in 0..8 {
@@ -280,7 +331,7 @@ mod tests {
 
     #[test]
     fn the_time_in_a_slot_is_a_robust_mean_and_limits_are_forgotten() {
-        let mut s = SlotLimits::new(0.1);
+        let mut s = SlotLimits::new(0.1, None);
         for _ in 0..20 {
             s.held(2000);
         }

@@ -21,8 +21,9 @@
 //! ```
 //!
 //! `slot wait(e)` is what the request waits for one of the engine's slots
-//! to free up (`slots.rs`, `scheduling.slot_wait`; 0 without a learnt
-//! limit): it starts after the longer of that wait and its prefill queue.
+//! to free up (`slots.rs`, `scheduling.slot_wait`; 0 without a limit,
+//! learnt or `scheduling.engine_slots`): it starts after the longer of
+//! that wait and its prefill queue.
 //!
 //! The second `ahead` term counts requests the engine queues that kvroute
 //! did not send (other gateways, other clients), at the mean size kvroute

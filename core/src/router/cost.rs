@@ -457,6 +457,64 @@ mod tests {
     }
 
     #[test]
+    fn a_configured_slot_limit_prices_a_burst_before_scrapes_show_it() {
+        // A gateway just started in front of engines of 2 slots: their
+        // scrapes (taken before the burst) show them idle, and kvroute has
+        // sent 4 requests of a conversation to its holder, endpoint 1
+        // (two answering, two waiting with 100 tokens between them).
+        let conversation: Vec<u64> = (1..=40).collect();
+        let load = |e: &Endpoint| {
+            let busy = InFlight {
+                requests: 4,
+                tokens: 100,
+                waiting: 2,
+                progress_ms: 0,
+            };
+            if *e == ep(1) {
+                busy
+            } else {
+                InFlight::default()
+            }
+        };
+        let mut rng = fastrand::Rng::with_seed(1);
+        for engine_slots in [None, Some(2)] {
+            let mut c = Config {
+                endpoints: vec![ep(1), ep(2)],
+                ..Config::default()
+            };
+            c.scheduling.seed = Some(1);
+            c.scheduling.engine_slots = engine_slots;
+            let mut r = Router::new(c);
+            r.learn(ep(1), &conversation, 0);
+            let states = idle_states(&r, 0);
+            let outliers = OutlierTable::default();
+            let d = r
+                .decide(&conversation, 2_560, &states, &outliers, load, 10, &mut rng)
+                .unwrap();
+            let wait = d.prediction.map(|p| p.slot_wait_ms);
+            match engine_slots {
+                // Nothing learnt yet: the holder's queue of cache hits
+                // looks cheap, and it keeps the request.
+                None => {
+                    assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+                    assert_eq!(wait, Some(0.0));
+                }
+                // The request is the fifth on 2 slots: it waits for 3 to
+                // finish, 2 at a time, at the 1 s prior each (1.5 s),
+                // more than prefilling 2 560 tokens on the idle engine,
+                // charged twice. It moves.
+                Some(_) => {
+                    assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
+                    let o = d.overruled.unwrap();
+                    assert_eq!((o.check, o.endpoint), (CostCheck::LeftHolder, ep(1)));
+                    assert!(o.cost_ms > 1_400.0, "{o:?}");
+                    assert_eq!(wait, Some(0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn weighted_leaves_small_savings_to_the_load_scores() {
         let (mut r, states, doc) = busy_holder_of_a_doc();
         let mut rng = fastrand::Rng::with_seed(1);

@@ -71,7 +71,10 @@ impl Router {
             caches_checked_ms: 0,
             ttft: TtftModel::new(&config.scheduling.ttft),
             decode: DecodeSpeed::new(config.scheduling.ttft.learning_rate),
-            slots: SlotLimits::new(config.scheduling.ttft.learning_rate),
+            slots: SlotLimits::new(
+                config.scheduling.ttft.learning_rate,
+                config.scheduling.engine_slots,
+            ),
             models: ModelPools::new(&config.models),
             config,
         };
