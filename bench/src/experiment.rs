@@ -362,20 +362,26 @@ pub async fn run_one(
 
 /// Writes one row's decisions log: a header line, then one tab-separated
 /// line per request in start order (failed requests have an empty TTFT).
+/// Times are simulated ms, as everywhere in the bench's reports, except
+/// `ttft_wall_ms`: the same TTFT in wall ms, the unit of the predictions
+/// in kvroute's debug header (`decision`), so the two compare directly.
 fn write_decisions(dir: &Path, stem: &str, exchanges: &[Exchange], time_scale: f64) -> Result<()> {
     use std::fmt::Write as _;
     std::fs::create_dir_all(dir)?;
-    let mut out = String::from("session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tdecision\n");
+    let mut out =
+        String::from("session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tttft_wall_ms\tdecision\n");
     for x in exchanges {
+        let ms = |t: Option<f64>| t.map(|t| format!("{t:.1}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "{}\t{}\t{:.1}\t{}\t{:.1}\t{}\t{}",
+            "{}\t{}\t{:.1}\t{}\t{:.1}\t{}\t{}\t{}",
             x.session,
             x.step,
             x.started.as_secs_f64() * 1000.0 / time_scale,
-            x.ttft_ms.map(|t| format!("{t:.1}")).unwrap_or_default(),
+            ms(x.ttft_ms),
             x.e2e_ms,
             x.pod.map(|p| p.to_string()).unwrap_or_default(),
+            ms(x.ttft_ms.map(|t| t * time_scale)),
             x.decision.as_deref().unwrap_or(""),
         );
     }
@@ -417,15 +423,16 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tdecision"
+            "session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tttft_wall_ms\tdecision"
         );
-        // 10 wall ms at time scale 0.25 is 40 simulated ms.
+        // 10 wall ms at time scale 0.25 is 40 simulated ms; a simulated
+        // TTFT of 50 ms is 12.5 wall ms, the unit of kvroute's predictions.
         assert_eq!(
             lines[1],
-            "3\t0\t40.0\t50.0\t120.0\t1\tendpoint=127.0.0.1:1; reason=Cold"
+            "3\t0\t40.0\t50.0\t120.0\t1\t12.5\tendpoint=127.0.0.1:1; reason=Cold"
         );
         // A failed request: no TTFT, no pod, no decision.
-        assert_eq!(lines[2], "3\t1\t40.0\t\t120.0\t\t");
+        assert_eq!(lines[2], "3\t1\t40.0\t\t120.0\t\t\t");
         assert_eq!(lines.len(), 3);
     }
 }
