@@ -273,8 +273,12 @@ fn burst_split_across_replicas_lands_on_one_pod_per_prefix() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert_eq!(agreeing(&results), 8, "{results:?}");
+    // Distinct prefixes spread: not all on one pod. (Their pods are a hash
+    // of the prefix and the pods' addresses, new ports every run: 8
+    // prefixes land on only 2 of 4 pods in 2.3 % of runs, which this once
+    // asserted against and failed a CI run with; on 1 pod in 0.006 %.)
     let used: std::collections::HashSet<usize> = results.iter().map(|(_, pod)| *pod).collect();
-    assert!(used.len() >= 3, "distinct prefixes spread: {results:?}");
+    assert!(used.len() >= 2, "distinct prefixes spread: {results:?}");
     // Eight new prefixes at once (24 requests on 4 pods, each replica
     // deciding its eight in its own order): the load bound moves a request
     // off a pod that already has about two more in flight than the least
