@@ -442,16 +442,35 @@ impl Envoy {
         }
     }
 
-    /// [`Envoy::try_start`] with extra `serve` arguments.
+    /// [`Envoy::try_start`] with extra `serve` arguments. Ports are picked
+    /// free and bound by Envoy about a second later; a test running beside
+    /// this one may pick the same port meanwhile (it failed a CI run:
+    /// "cannot bind '127.0.0.1:19942': Address already in use"), so a start
+    /// that loses that race is made again on new ports.
     pub fn try_start_with(
         endpoints: &[String],
         config: Value,
         concurrency: usize,
         extra: &[&str],
     ) -> Result<Envoy, String> {
+        let mut attempt = 1;
+        loop {
+            match Envoy::start_once(endpoints, &config, concurrency, extra) {
+                Err(log) if attempt < 3 && log.contains("Address already in use") => attempt += 1,
+                started => return started,
+            }
+        }
+    }
+
+    fn start_once(
+        endpoints: &[String],
+        config: &Value,
+        concurrency: usize,
+        extra: &[&str],
+    ) -> Result<Envoy, String> {
         let dir = TempDir::new("envoy");
         let config_path = dir.0.join("kvroute.json");
-        std::fs::write(&config_path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        std::fs::write(&config_path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
         let log = dir.0.join("envoy.log");
         let (port, admin) = (free_port(), free_port());
         let mut child = Command::new(root().join("build.sh"))
