@@ -1116,3 +1116,19 @@ fn an_overloaded_pod_is_not_a_black_hole_with_original_dst() {
     // A third of the pool; without the exclusion it drew most requests.
     assert!(chosen * 10 < out.len(), "{chosen} of {}", out.len());
 }
+
+/// The harness itself: a sim whose port is taken (a test running beside
+/// this one bound it between the pick and the sim's start) exits, and its
+/// start is an error, not a `Sim` whose pod is someone else's server.
+/// `Sim::start` then starts again on new ports.
+#[test]
+fn a_sim_that_cannot_bind_its_port_is_not_started() {
+    let first = Sim::start(1, &[]);
+    let taken = first.base_port;
+    let err = Sim::try_start_at(taken, 1, &[])
+        .err()
+        .expect("a second sim on a taken port must not count as started");
+    assert!(err.contains("exited"), "{err}");
+    // The first sim still answers.
+    assert_eq!(get(&first.url(0, "/health")).status, 200);
+}

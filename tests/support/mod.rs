@@ -203,13 +203,34 @@ pub struct Sim {
 
 impl Sim {
     /// Starts `pods` pods with extra CLI arguments and waits until all answer.
+    /// The ports are picked free and bound by the sim a moment later; a
+    /// test running beside this one may take one meanwhile (the race that
+    /// failed a CI run of Envoy's start: "Address already in use"), so a sim
+    /// that exits before its pods answer is started again on new ports.
     pub fn start(pods: usize, extra: &[&str]) -> Sim {
-        Sim::start_at(free_port_block(pods as u16), pods, extra)
+        let mut attempt = 1;
+        loop {
+            match Sim::try_start_at(free_port_block(pods as u16), pods, extra) {
+                Err(why) if attempt < 3 => {
+                    eprintln!("kvroute-sim did not start ({why}): again on new ports");
+                    attempt += 1;
+                }
+                started => return started.unwrap_or_else(|why| panic!("{why}")),
+            }
+        }
     }
 
     /// [`Sim::start`] with pod 0 on `base_port` (e.g. to restart a killed
     /// pod on the same port).
     pub fn start_at(base_port: u16, pods: usize, extra: &[&str]) -> Sim {
+        Sim::try_start_at(base_port, pods, extra).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// Starts the sim and waits until every pod answers; `Err` when the
+    /// process exits first (it exits when a port cannot be bound). Its
+    /// "listening" lines are awaited before any pod is asked: a port that
+    /// answers could be someone else's server.
+    pub fn try_start_at(base_port: u16, pods: usize, extra: &[&str]) -> Result<Sim, String> {
         let bin = std::env::var("KVROUTE_SIM")
             .map(PathBuf::from)
             .unwrap_or_else(|_| root().join("target/release/kvroute-sim"));
@@ -218,7 +239,7 @@ impl Sim {
             "{} missing: run ./build.sh build",
             bin.display()
         );
-        let child = Command::new(&bin)
+        let mut child = Command::new(&bin)
             .args([
                 "--pods",
                 &pods.to_string(),
@@ -228,22 +249,50 @@ impl Sim {
                 "7",
             ])
             .args(extra)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
+        // The sim prints one line per pod once all are bound; the pipe closes
+        // when it exits. Read on a thread, so a hang is a timeout.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         let sim = Sim {
             child,
             base_port,
             pods,
         };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut listening = 0;
+        while listening < pods {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => listening += usize::from(line.contains(" listening on ")),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("kvroute-sim on {base_port}.. not listening after 20 s")
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(format!(
+                        "kvroute-sim on {base_port}.. exited before listening"
+                    ));
+                }
+            }
+        }
         for i in 0..pods {
             let url = sim.url(i, "/health");
             wait_until(&url, Duration::from_secs(20), || {
                 try_get(&url).is_some_and(|r| r.status == 200)
             });
         }
-        sim
+        Ok(sim)
     }
 
     /// SIGKILLs the process (all its pods) and reaps it.
