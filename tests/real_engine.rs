@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use llama::{engine, LlamaServer};
 use serde_json::{json, Value};
-use support::{post_json, Envoy, Reply};
+use support::{get, post_json, Envoy, Reply, Sim};
 
 const DEBUG: &str = "x-kvroute-debug";
 
@@ -230,4 +230,20 @@ fn turn(tag: &str, turn: usize) -> Value {
         }
     }
     json!({"model": "smollm2", "max_tokens": 4, "temperature": 0, "messages": messages})
+}
+
+/// The harness itself: a llama-server whose port is taken (here by a
+/// simulated pod, which answers `/health` with 200 as llama-server does)
+/// exits, and its start is an error with the server's reason, not a
+/// `LlamaServer` that is someone else's server. `LlamaServer::start` then
+/// starts again on a new port.
+#[test]
+fn a_llama_server_that_cannot_bind_its_port_is_not_started() {
+    let Some(e) = engine() else { return };
+    let sim = Sim::start(1, &[]);
+    let err = LlamaServer::try_start(&e, 1, 512, sim.base_port)
+        .err()
+        .expect("a llama-server on a taken port must not count as started");
+    assert!(err.contains("couldn't bind"), "{err}");
+    assert_eq!(get(&sim.url(0, "/health")).status, 200);
 }

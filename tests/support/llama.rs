@@ -42,10 +42,29 @@ pub struct LlamaServer {
 impl LlamaServer {
     /// Starts a server with `slots` parallel slots (`-np`), `ctx` tokens of
     /// context in all and one thread; waits for `/health` (model loaded).
+    /// The port is picked free and bound by the server a moment later; a
+    /// server that loses it to a test running beside this one exits
+    /// ("couldn't bind") and is started again on a new port.
     pub fn start(engine: &(PathBuf, PathBuf), slots: usize, ctx: usize) -> Self {
+        let mut attempt = 1;
+        loop {
+            match LlamaServer::try_start(engine, slots, ctx, free_port()) {
+                Err(log) if attempt < 3 && log.contains("couldn't bind") => attempt += 1,
+                started => return started.unwrap_or_else(|log| panic!("{log}")),
+            }
+        }
+    }
+
+    /// [`LlamaServer::start`] on `port`, once: `Err` with its log when it
+    /// exits before it is ready.
+    pub fn try_start(
+        engine: &(PathBuf, PathBuf),
+        slots: usize,
+        ctx: usize,
+        port: u16,
+    ) -> Result<Self, String> {
         let dir = TempDir::new("llama");
         let log = dir.0.join("llama-server.log");
-        let port = free_port();
         let child = Command::new(&engine.0)
             .args(["-m", engine.1.to_str().unwrap(), "--metrics", "-t", "1"])
             .args(["-np", &slots.to_string(), "-c", &ctx.to_string()])
@@ -60,13 +79,18 @@ impl LlamaServer {
             log,
             _dir: dir,
         };
+        // Its own "listening" line first: before it, a port that answers is
+        // someone else's server.
+        let listening = format!("listening on http://{}", s.endpoint());
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = s.child.try_wait() {
-                panic!("llama-server exited ({status}):\n{}", s.log());
+                return Err(format!("llama-server exited ({status}):\n{}", s.log()));
             }
-            if try_get(&s.url("/health")).is_some_and(|r| r.status == 200) {
-                break;
+            if s.log().contains(&listening)
+                && try_get(&s.url("/health")).is_some_and(|r| r.status == 200)
+            {
+                return Ok(s);
             }
             assert!(
                 start.elapsed() < Duration::from_secs(60),
@@ -75,7 +99,6 @@ impl LlamaServer {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        s
     }
 
     /// `127.0.0.1:<port>`.
