@@ -1132,3 +1132,18 @@ fn a_sim_that_cannot_bind_its_port_is_not_started() {
     // The first sim still answers.
     assert_eq!(get(&first.url(0, "/health")).status, 200);
 }
+
+/// The harness itself: an Envoy whose ports are taken by another test's
+/// Envoy exits ("Address already in use"), and its start is an error, not
+/// the other Envoy (whose admin answers `/ready`, and whose listener
+/// accepts, all along).
+#[test]
+fn an_envoy_that_cannot_bind_its_ports_is_not_started() {
+    let sim = Sim::start(1, &[]);
+    let endpoints = [format!("127.0.0.1:{}", sim.base_port)];
+    let first = Envoy::start(&endpoints, json!({}), 1);
+    let err = Envoy::start_once(&endpoints, &json!({}), 1, &[], (first.port, first.admin))
+        .err()
+        .expect("an Envoy on taken ports must not count as started");
+    assert!(err.contains("Address already in use"), "{err}");
+}

@@ -504,31 +504,40 @@ impl Envoy {
     ) -> Result<Envoy, String> {
         let mut attempt = 1;
         loop {
-            match Envoy::start_once(endpoints, &config, concurrency, extra) {
+            match Envoy::start_once(
+                endpoints,
+                &config,
+                concurrency,
+                extra,
+                (free_port(), free_port()),
+            ) {
                 Err(log) if attempt < 3 && log.contains("Address already in use") => attempt += 1,
                 started => return started,
             }
         }
     }
 
-    fn start_once(
+    /// One start on the given listener and admin ports: `Err` with the log
+    /// when Envoy exits or is not ready in 20 s.
+    pub fn start_once(
         endpoints: &[String],
         config: &Value,
         concurrency: usize,
         extra: &[&str],
+        (port, admin): (u16, u16),
     ) -> Result<Envoy, String> {
         let dir = TempDir::new("envoy");
         let config_path = dir.0.join("kvroute.json");
         std::fs::write(&config_path, serde_json::to_vec_pretty(config).unwrap()).unwrap();
         let log = dir.0.join("envoy.log");
-        let (port, admin) = (free_port(), free_port());
+        let yaml = dir.0.join("envoy.yaml");
         let mut child = Command::new(root().join("build.sh"))
             .args(["serve", "--no-build"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--admin", &format!("127.0.0.1:{admin}")])
             .args(["--concurrency", &concurrency.to_string()])
             .args(["--config", config_path.to_str().unwrap()])
-            .args(["--out", dir.0.join("envoy.yaml").to_str().unwrap()])
+            .args(["--out", yaml.to_str().unwrap()])
             // The pool goes in as users give it: `serve --endpoints A,B`.
             .args(if endpoints.is_empty() {
                 vec![]
@@ -546,9 +555,13 @@ impl Envoy {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!("Envoy exited ({status}); its log:\n{}", log_text()));
             }
+            // Ready, and this Envoy: an admin port that answers could be
+            // another test's Envoy (this one then fails to bind it and exits).
             let ready = try_get(&format!("http://127.0.0.1:{admin}/ready"))
                 .is_some_and(|r| r.status == 200)
-                && TcpStream::connect(("127.0.0.1", port)).is_ok();
+                && TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && try_get(&format!("http://127.0.0.1:{admin}/server_info"))
+                    .is_some_and(|r| r.body.contains(yaml.to_str().unwrap()));
             if ready {
                 break;
             }
