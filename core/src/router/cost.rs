@@ -56,7 +56,8 @@ impl Router {
             return;
         };
         let prediction = self.prediction(chosen, req.prompt_tokens);
-        let arrivals_per_ms = self.arrivals_per_ms(candidates);
+        // A pass over the pool: only when a check prices a move.
+        let arrivals_per_ms = || self.arrivals_per_ms(candidates);
         // The best scored others, priced against the pick.
         let cheaper_rival = || {
             let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
@@ -65,7 +66,7 @@ impl Router {
                 &prediction,
                 rivals,
                 req.prompt_tokens,
-                arrivals_per_ms,
+                arrivals_per_ms(),
             )
         };
         let better = match decision.reason {
@@ -74,7 +75,7 @@ impl Router {
                 &prediction,
                 candidates,
                 req.prompt_tokens,
-                arrivals_per_ms,
+                arrivals_per_ms(),
             ),
             // An adapter request stays where the scores put it: the model
             // does not price loading an adapter.
