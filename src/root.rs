@@ -60,9 +60,11 @@ pub struct KvRouteRoot {
     state: Option<Rc<RefCell<VmState>>>,
     /// Calls in flight, by token.
     pending: HashMap<u32, Call>,
-    /// Endpoints whose scrape is in flight (a set: a linear search of
-    /// `pending` per endpoint made a tick quadratic in the pool).
-    scraping: HashSet<Endpoint>,
+    /// Endpoints whose scrape is in flight (a map: a linear search of
+    /// `pending` per endpoint made a tick quadratic in the pool), with
+    /// kvroute's requests on each when it was sent
+    /// (`EndpointStates::counted_own`).
+    scraping: HashMap<Endpoint, u32>,
     /// Which endpoints are due on a tick (the pool's scrape budget).
     schedule: ScrapeSchedule,
     /// Endpoints whose `/v1/models` call is in flight.
@@ -74,7 +76,8 @@ pub struct KvRouteRoot {
     /// Scrape answers not yet published to shared data: they are written
     /// in one update once every scrape in flight has answered (or on the
     /// next tick), not one rewrite of the whole pool's state per answer.
-    answers: Vec<(Endpoint, ScrapeOutcome, u64)>,
+    /// With each: when it came, and kvroute's requests there when it was sent.
+    answers: Vec<(Endpoint, ScrapeOutcome, u64, u32)>,
     /// What this VM has warned about each endpoint: once each (pool
     /// members only).
     warned: HashSet<(Endpoint, Warning)>,
@@ -165,10 +168,14 @@ impl KvRouteRoot {
             state.router.pool(),
             &cfg.metrics,
             now,
-            |e| scraping.contains(&e),
+            |e| scraping.contains_key(&e),
             |e| state.states.get(e).answered_at_ms,
         );
-        for endpoint in due {
+        if due.is_empty() {
+            return;
+        }
+        let own = state.own_requests(due.iter().copied());
+        for (endpoint, own) in due.into_iter().zip(own) {
             if self.get(
                 cfg,
                 endpoint,
@@ -176,7 +183,7 @@ impl KvRouteRoot {
                 "text/plain",
                 Call::Scrape(endpoint),
             ) {
-                self.scraping.insert(endpoint);
+                self.scraping.insert(endpoint, own);
             }
         }
     }
@@ -362,7 +369,7 @@ impl KvRouteRoot {
     }
 
     fn on_scrape(&mut self, endpoint: Endpoint, answer: CallAnswer) {
-        self.scraping.remove(&endpoint);
+        let own_at_dispatch = self.scraping.remove(&endpoint).unwrap_or(0);
         let Some(state) = self.state.clone() else {
             return;
         };
@@ -381,7 +388,7 @@ impl KvRouteRoot {
             }
         }
         let outcome = classify(status, body.as_deref(), &state.borrow().config().metrics);
-        self.answers.push((endpoint, outcome, now));
+        self.answers.push((endpoint, outcome, now, own_at_dispatch));
         if self.scraping.is_empty() && self.listing.is_empty() {
             self.publish_answers(&mut state.borrow_mut());
         }
@@ -404,15 +411,25 @@ impl KvRouteRoot {
         // Endpoints whose prompt-token counter went down: an engine that
         // restarted, or one in front of several engines.
         let mut dropped = Vec::new();
+        // kvroute's requests each scrape counted: the engine read its
+        // figures between the scrape's dispatch and its answer, so the
+        // most kvroute had there at either (now stands for the answer).
+        let own_now = state.own_requests(answers.iter().map(|a| a.0));
         let states = state.store.update_endpoint_states(|t| {
             t.retain(&pool);
             back.clear();
             dropped.clear();
-            for &(endpoint, outcome, at) in &answers {
+            for (&(endpoint, outcome, at, own_at_dispatch), &own_now) in
+                answers.iter().zip(&own_now)
+            {
                 let was = t.healthy(endpoint, threshold);
+                let read = matches!(outcome, ScrapeOutcome::Snapshot(..));
                 match t.record(endpoint, outcome, at, flap_window) {
                     CounterNews::Quiet => {}
                     news => dropped.push((endpoint, news)),
+                }
+                if read {
+                    t.counted_own(endpoint, own_at_dispatch.max(own_now));
                 }
                 // Maybe restarted with other models (or without the adapters
                 // loaded at run time): it serves no listed model until its
@@ -460,7 +477,7 @@ impl KvRouteRoot {
         }
         let failed = answers
             .iter()
-            .filter(|(_, o, _)| !matches!(o, ScrapeOutcome::Snapshot(..)))
+            .filter(|(_, o, _, _)| !matches!(o, ScrapeOutcome::Snapshot(..)))
             .count();
         state
             .stats
@@ -469,7 +486,7 @@ impl KvRouteRoot {
         for endpoint in back {
             self.list_schedule.relist(endpoint);
         }
-        for &(endpoint, outcome, _) in &answers {
+        for &(endpoint, outcome, _, _) in &answers {
             let current = states.get(endpoint);
             if !matches!(outcome, ScrapeOutcome::Snapshot(..)) {
                 state

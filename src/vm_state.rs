@@ -11,6 +11,7 @@ use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
 use kvroute_core::cache_trust::TrustChange;
 use kvroute_core::config::{Config, Handoff};
 use kvroute_core::endpoint::Endpoint;
+use kvroute_core::inflight::{InFlight, InFlightTable};
 use kvroute_core::models::Scope;
 use kvroute_core::objectives::Objective;
 use kvroute_core::outlier::{Outcome, OutlierTable};
@@ -173,7 +174,35 @@ pub struct VmState {
     gauges_at_ms: u64,
 }
 
+/// kvroute's outstanding work on an endpoint as a decision counts it: this
+/// gateway's (every worker's, `inflight`) and its peers': other replicas'
+/// requests load the pods as much as this one's. Both are looked up in
+/// order: for a walk in pool order, each lookup resumes where the last one
+/// stopped.
+fn with_peers<'a>(
+    inflight: &'a InFlightTable,
+    peers: &'a PeerLoad,
+) -> impl Fn(&Endpoint) -> InFlight + 'a {
+    let (inflight, peer_load) = (inflight.lookup(), peers.lookup());
+    move |e| {
+        let mut f = inflight(e);
+        let (requests, tokens) = peer_load(e);
+        f.requests = f.requests.saturating_add(requests);
+        f.tokens = f.tokens.saturating_add(tokens);
+        f
+    }
+}
+
 impl VmState {
+    /// kvroute's requests on each of `endpoints` now, as a decision counts
+    /// them ([`with_peers`]): what a scrape of the endpoint is compared
+    /// with (`EndpointStates::counted_own`).
+    pub fn own_requests(&self, endpoints: impl Iterator<Item = Endpoint>) -> Vec<u32> {
+        let table = self.store.inflight();
+        let load = with_peers(&table, &self.peer_load);
+        endpoints.map(|e| load(&e).requests).collect()
+    }
+
     /// State for a validated config.
     pub fn new(config: Config, vm_id: u64) -> VmState {
         let store = SharedStore::new(&config.shared.key_prefix, config.shared.log_slots);
@@ -341,29 +370,16 @@ impl VmState {
         // Read with its CAS token: the update after the decision is then
         // one write when no other worker changed the table meanwhile.
         let snapshot = self.store.inflight_snapshot();
-        let decision = {
-            // Both read in pool order: each lookup resumes where the last
-            // one stopped.
-            let inflight = snapshot.value.lookup();
-            let peer_load = self.peer_load.lookup();
-            self.router.decide_in(
-                scope,
-                prompt,
-                prompt_tokens,
-                &self.states,
-                &self.outliers,
-                // Other replicas' requests load the pods as much as this one's.
-                |e| {
-                    let mut f = inflight(e);
-                    let (requests, tokens) = peer_load(e);
-                    f.requests = f.requests.saturating_add(requests);
-                    f.tokens = f.tokens.saturating_add(tokens);
-                    f
-                },
-                now_ms,
-                &mut self.rng,
-            )?
-        };
+        let decision = self.router.decide_in(
+            scope,
+            prompt,
+            prompt_tokens,
+            &self.states,
+            &self.outliers,
+            with_peers(&snapshot.value, &self.peer_load),
+            now_ms,
+            &mut self.rng,
+        )?;
         let endpoint = decision.endpoint;
         let tokens = self.router.uncached_tokens(&decision, prompt_tokens);
         if request.is_some() {

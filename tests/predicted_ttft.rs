@@ -350,3 +350,49 @@ fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
         let _ = answer.join();
     }
 }
+
+/// A scrape counts the requests running when it was read; kvroute's own
+/// among them that finished since are gone from the engine, whatever that
+/// scrape still says. Engines that run one request at a time
+/// (`scheduling.engine_slots: 1`), scraped every 400 ms: the first turn of
+/// a conversation streams for over a second, so the last scrape before
+/// the second turn shows it running on its holder. Counted as running,
+/// the holder's only slot looked taken for a whole request (about the
+/// first turn's time), more than prefilling the conversation on the
+/// other pod, and the second turn left its holder (the rare failure of
+/// `slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken`, where a
+/// 50 ms scrape caught the first turn). kvroute saw it finish: the turn
+/// stays with its prefix.
+#[test]
+fn a_request_that_finished_since_the_scrape_no_longer_takes_a_slot() {
+    let history = "the customer asked about the refund policy for damaged parcels ".repeat(40);
+    let turn = |n: usize, max_tokens: u32| {
+        json!({"model": MODEL, "max_tokens": max_tokens, "stream": true,
+               "prompt": format!("{history} turn {n}")})
+    };
+    let sim = Sim::start(2, &["--max-num-seqs", "1"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({"debug_header": DEBUG, "scheduling": {"engine_slots": 1},
+               "metrics": {"scrape_interval_ms": 400}}),
+        1,
+    );
+    let served = |i: usize| sim.state(i)["requests_served"].as_u64().unwrap_or(0);
+    for round in 0..2 {
+        let before = [served(0), served(1)];
+        let (times, events) = sse_events(envoy.port, "/v1/completions", &turn(2 * round + 1, 180));
+        assert!(
+            times.last().is_some_and(|t| t.as_millis() > 900),
+            "the first turn streams over two scrapes: {times:?}"
+        );
+        assert!(!events.is_empty());
+        let holder = usize::from(served(1) > before[1]);
+        assert_eq!(served(holder), before[holder] + 1);
+        let r = post_json(&envoy.url("/v1/completions"), &turn(2 * round + 2, 1));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let debug = r.header(DEBUG).expect("debug header").to_string();
+        assert_eq!(r.pod(), Some(holder), "{debug}");
+        assert!(!debug.contains("moved_by_cost"), "{debug}");
+    }
+    assert_eq!(envoy.stat("wasmcustom.kvroute.decision.moved_by_cost"), 0.0);
+}

@@ -25,6 +25,11 @@
 //! learnt or `scheduling.engine_slots`): it starts after the longer of
 //! that wait and its prefill queue.
 //!
+//! The engine's counts are its last fresh scrape's, less kvroute's requests
+//! that scrape counted and kvroute has seen finish since
+//! (`ScrapeState::current`): a request that ended after the scrape no
+//! longer holds a slot nor waits.
+//!
 //! The second `ahead` term counts requests the engine queues that kvroute
 //! did not send (other gateways, other clients), at the mean size kvroute
 //! sees; it is used only while the endpoint's snapshot is fresh.

@@ -409,7 +409,7 @@ impl Router {
             }
             candidates.push(Candidate {
                 endpoint: *endpoint,
-                snapshot: state.fresh(now_ms, stale_after),
+                snapshot: state.current(now_ms, stale_after, load.requests),
                 adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
                 healthy: state.healthy(metrics.unhealthy_after_failures)
                     && !outlier(endpoint).ejected(now_ms),
@@ -618,7 +618,7 @@ mod tests {
                 let matched = matches.iter().find(|m| m.endpoint == endpoint);
                 Candidate {
                     endpoint,
-                    snapshot: state.fresh(now_ms, stale_after),
+                    snapshot: state.current(now_ms, stale_after, inflight(&endpoint).requests),
                     healthy: state.healthy(metrics.unhealthy_after_failures)
                         && !outliers.ejected(endpoint, now_ms)
                         && !stalled.contains(&endpoint),

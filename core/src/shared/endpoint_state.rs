@@ -56,6 +56,12 @@ pub struct ScrapeState {
     /// (`cache_trust`).
     #[serde(default)]
     pub prefix_hits_total: Option<f64>,
+    /// The most requests kvroute had on the endpoint (all workers, and its
+    /// peers') while `snapshot` was being read: at the scrape's dispatch
+    /// and at its answer. The engine counted them; the ones kvroute has
+    /// seen finish since are gone from it ([`ScrapeState::current`]).
+    #[serde(default)]
+    pub own_requests: u32,
 }
 
 /// A prompt-token counter that goes down again within this of its last
@@ -87,6 +93,27 @@ impl ScrapeState {
     pub fn fresh(&self, now_ms: u64, stale_after_ms: u64) -> Option<MetricsSnapshot> {
         let age = now_ms.saturating_sub(self.scraped_at_ms);
         self.snapshot.filter(|_| age < stale_after_ms)
+    }
+
+    /// The fresh snapshot ([`ScrapeState::fresh`]) as the engine stands now,
+    /// with kvroute's requests there down to `own_requests_now`: those of
+    /// its requests the scrape counted that have finished since (at least
+    /// `own_requests - own_requests_now`) are taken out of its counts
+    /// ([`MetricsSnapshot::less_finished`]). A scrape is up to a period
+    /// old: read during a request that has ended since, it showed that
+    /// request's slot taken, and a conversation's next turn, sent as the
+    /// last one ended, left its idle holder to wait for nothing (with
+    /// `scheduling.engine_slots: 1`, a whole request's time:
+    /// `tests/predicted_ttft.rs`). Requests of other clients are left as
+    /// the engine counted them.
+    pub fn current(
+        &self,
+        now_ms: u64,
+        stale_after_ms: u64,
+        own_requests_now: u32,
+    ) -> Option<MetricsSnapshot> {
+        self.fresh(now_ms, stale_after_ms)
+            .map(|s| s.less_finished(self.own_requests.saturating_sub(own_requests_now)))
     }
 
     /// How the endpoint suits a request for `adapter`, by its adapters at
@@ -166,6 +193,16 @@ impl EndpointStates {
         s.scraped_at_ms = now_ms;
         s.answered_at_ms = now_ms;
         s.failures = 0;
+        s.own_requests = 0;
+    }
+
+    /// Records how many requests kvroute had on `endpoint` while its last
+    /// scrape was read ([`ScrapeState::own_requests`]); for an endpoint
+    /// never scraped, nothing.
+    pub fn counted_own(&mut self, endpoint: Endpoint, requests: u32) {
+        if let Ok(i) = self.entries.binary_search_by(|(e, _)| e.cmp(&endpoint)) {
+            self.entries[i].1.own_requests = requests;
+        }
     }
 
     /// Records a scrape the endpoint answered without readable metrics: it
@@ -387,13 +424,14 @@ const MAGIC: &[u8; 4] = b"KVES";
 /// Version 2 added the `lora` flag, version 3 the `served` one, version 4
 /// the engine's prompt-token counter and restarts, version 5 when the
 /// counter last went down, version 6 a second flag byte (the prefix-cache
-/// hit counter); values of the older versions (without those flags) decode
+/// hit counter), version 7 its second bit (kvroute's requests counted by
+/// the scrape); values of the older versions (without those flags) decode
 /// as well.
-const VERSION: u8 = 6;
+const VERSION: u8 = 7;
 /// Flag bits each version may set.
-const FLAGS: [u8; 6] = [0x07, 0x0f, 0x1f, 0x7f, 0xff, 0xff];
-/// Bits of the second flag byte (version 6 on).
-const FLAGS2: u8 = 0x01;
+const FLAGS: [u8; 7] = [0x07, 0x0f, 0x1f, 0x7f, 0xff, 0xff, 0xff];
+/// Bits of the second flag byte each version from 6 on may set.
+const FLAGS2: [u8; 2] = [0x01, 0x03];
 
 /// What follows the snapshot whether or not there is one: `served`, the
 /// prompt-token counter, the restarts, the counter's last drop (each when
@@ -412,9 +450,13 @@ fn encode_own(s: &ScrapeState, version: u8, out: &mut Vec<u8>) {
     if version < 6 {
         return;
     }
-    out.push(u8::from(s.prefix_hits_total.is_some()));
+    let own_requests = if version >= 7 { s.own_requests } else { 0 };
+    out.push(u8::from(s.prefix_hits_total.is_some()) | u8::from(own_requests != 0) << 1);
     if let Some(h) = s.prefix_hits_total {
         out.extend_from_slice(&h.to_le_bytes());
+    }
+    if own_requests != 0 {
+        out.extend_from_slice(&own_requests.to_le_bytes());
     }
 }
 
@@ -507,6 +549,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             restarts: 0,
             counter_dropped_at_ms: 0,
             prefix_hits_total: None,
+            own_requests: 0,
         };
         let flags = next::<1>(r)?[0];
         if flags & !known_flags != 0 {
@@ -548,11 +591,14 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
         }
         if version >= 6 {
             let flags2 = next::<1>(r)?[0];
-            if flags2 & !FLAGS2 != 0 {
+            if flags2 & !FLAGS2[usize::from(version - 6)] != 0 {
                 return None;
             }
             if flags2 & 1 != 0 {
                 s.prefix_hits_total = Some(f64::from_le_bytes(next(r)?));
+            }
+            if flags2 & 2 != 0 {
+                s.own_requests = u32::from_le_bytes(next(r)?);
             }
         }
         entries.push((endpoint, s));
@@ -724,6 +770,9 @@ mod tests {
             if i % 4 != 1 {
                 t.entry(e).prefix_hits_total = (i % 3 == 0).then_some(f64::from(i) * 1e5);
             }
+            if i % 5 == 2 {
+                t.counted_own(e, u32::from(i) * 1_000_003);
+            }
             // Lists of every length (none, empty, up to the cap; past the
             // first 50, the one or two names a real pod lists), on every
             // kind of entry.
@@ -773,6 +822,7 @@ mod tests {
             s.restarts = 0;
             s.counter_dropped_at_ms = 0;
             s.prefix_hits_total = None;
+            s.own_requests = 0;
         }
         let v2 = old.encode_as(2);
         assert_eq!(EndpointStates::decode(&v2), Some(old.clone()));
@@ -905,6 +955,7 @@ mod tests {
             s.restarts = 0;
             s.counter_dropped_at_ms = 0;
             s.prefix_hits_total = None;
+            s.own_requests = 0;
         }
         let v3 = old.encode_as(3);
         assert_eq!(EndpointStates::decode(&v3), Some(old));
@@ -920,6 +971,7 @@ mod tests {
         for (_, s) in &mut old.entries {
             s.counter_dropped_at_ms = 0;
             s.prefix_hits_total = None;
+            s.own_requests = 0;
         }
         let v4 = old.encode_as(4);
         assert_eq!(EndpointStates::decode(&v4), Some(old));
@@ -1002,6 +1054,7 @@ mod tests {
         let mut old = t.clone();
         for (_, s) in &mut old.entries {
             s.prefix_hits_total = None;
+            s.own_requests = 0;
         }
         assert_eq!(EndpointStates::decode(&old.encode_as(5)), Some(old));
         assert!(t.entries.iter().any(|(_, s)| s.prefix_hits_total.is_some()));
@@ -1015,8 +1068,67 @@ mod tests {
         let mut bytes = one.encode();
         let flags2 = bytes.len() - 1;
         assert_eq!(bytes[flags2], 0);
-        bytes[flags2] = 2;
+        bytes[flags2] = 4;
         assert_eq!(EndpointStates::decode(&bytes), None);
+    }
+
+    #[test]
+    fn version_6_values_decode_without_the_requests_a_scrape_counted() {
+        let t = mixed(40);
+        assert!(t.entries.iter().any(|(_, s)| s.own_requests > 65_536));
+        let mut old = t.clone();
+        for (_, s) in &mut old.entries {
+            s.own_requests = 0;
+        }
+        assert_eq!(EndpointStates::decode(&t.encode_as(6)), Some(old));
+        // The bit version 7 added is unknown to version 6.
+        let mut one = EndpointStates::default();
+        one.succeed(ep("10.0.0.1:80"), MetricsSnapshot::default(), 5);
+        one.counted_own(ep("10.0.0.1:80"), 3);
+        let mut bytes = one.encode();
+        assert_eq!(EndpointStates::decode(&bytes), Some(one));
+        bytes[4] = 6;
+        assert_eq!(EndpointStates::decode(&bytes), None);
+    }
+
+    #[test]
+    fn a_scrape_no_longer_counts_kvroute_requests_that_finished_since() {
+        let mut t = EndpointStates::default();
+        let (a, never) = (ep("10.0.0.1:80"), ep("10.0.0.2:80"));
+        let snap = MetricsSnapshot {
+            waiting: 1.0,
+            running: 4.0,
+            ..MetricsSnapshot::default()
+        };
+        t.succeed(a, snap, 1_000);
+        t.counted_own(a, 3);
+        t.counted_own(never, 3);
+        assert_eq!(t.get(never), ScrapeState::default(), "never scraped");
+        let now = |own| {
+            let s = t.get(a).current(1_040, 2_000, own).unwrap();
+            (s.waiting, s.running)
+        };
+        assert_eq!(now(3), (1.0, 4.0), "all still there");
+        assert_eq!(
+            now(9),
+            (1.0, 4.0),
+            "more sent since: the engine counts them later"
+        );
+        assert_eq!(
+            now(2),
+            (0.0, 4.0),
+            "one ended: the queued one took its slot"
+        );
+        assert_eq!(
+            now(0),
+            (0.0, 2.0),
+            "three ended: two other clients' are left"
+        );
+        assert_eq!(t.get(a).current(3_000, 2_000, 0), None, "stale");
+        // The next scrape counts afresh.
+        t.succeed(a, snap, 1_050);
+        t.counted_own(a, 0);
+        assert_eq!(t.get(a).current(1_060, 2_000, 0), Some(snap));
     }
 
     #[test]
