@@ -6,7 +6,7 @@
 
 use super::Router;
 use crate::endpoint::Endpoint;
-use crate::float::{max_num, non_negative};
+use crate::float::{max_num, min_num, non_negative};
 use crate::inflight::InFlight;
 use crate::metrics::MetricsSnapshot;
 use crate::scheduler::{Candidate, CostCheck, Decision, Overruled, Reason, RequestFacts};
@@ -56,16 +56,31 @@ impl Router {
             return;
         };
         let prediction = self.prediction(chosen, req.prompt_tokens);
+        // A pass over the pool: only when a check prices a move.
+        let arrivals_per_ms = || self.arrivals_per_ms(candidates);
+        // The best scored others, priced against the pick.
+        let cheaper_rival = || {
+            let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
+            self.cheaper_rival(
+                chosen,
+                &prediction,
+                rivals,
+                req.prompt_tokens,
+                arrivals_per_ms(),
+            )
+        };
         let better = match decision.reason {
-            Reason::Load if scheduling.keep_cheaper_holder => {
-                self.keep_cheaper_holder(chosen, &prediction, candidates, req.prompt_tokens)
-            }
+            Reason::Load if scheduling.keep_cheaper_holder => self.keep_cheaper_holder(
+                chosen,
+                &prediction,
+                candidates,
+                req.prompt_tokens,
+                arrivals_per_ms(),
+            ),
             // An adapter request stays where the scores put it: the model
             // does not price loading an adapter.
             Reason::Prefix if scheduling.leave_costlier_holder && req.adapter.is_none() => {
-                let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
-                self.cheaper_rival(chosen, &prediction, rivals, req.prompt_tokens)
-                    .map(|(c, p)| (CostCheck::LeftHolder, c, p))
+                cheaper_rival().map(|(c, p)| (CostCheck::LeftHolder, c, p))
             }
             _ => None,
         }
@@ -76,9 +91,8 @@ impl Router {
             let slower = matches!(decision.reason, Reason::Cold | Reason::Load)
                 && prediction.slow_decode_ms > 0.0
                 && req.adapter.is_none();
-            let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
             slower
-                .then(|| self.cheaper_rival(chosen, &prediction, rivals, req.prompt_tokens))
+                .then(cheaper_rival)
                 .flatten()
                 .map(|(c, p)| (CostCheck::LeftSlowerDecoder, c, p))
         });
@@ -123,6 +137,7 @@ impl Router {
         prediction: &Prediction,
         candidates: &'c [Candidate],
         prompt_tokens: u64,
+        arrivals_per_ms: f64,
     ) -> Option<(CostCheck, &'c Candidate, Prediction)> {
         let longest = candidates
             .iter()
@@ -141,7 +156,7 @@ impl Router {
             })
             .map(|c| (c, self.prediction(c, prompt_tokens)))
             .min_by(|a, b| a.1.cost_ms.total_cmp(&b.1.cost_ms))
-            .filter(|(_, holder)| !move_pays(holder, prediction))
+            .filter(|(_, holder)| !move_pays(holder, prediction, arrivals_per_ms))
             .map(|(c, p)| (CostCheck::KeptHolder, c, p))
     }
 
@@ -152,13 +167,12 @@ impl Router {
     /// prefix score outweighs every load score at its cap, leaving a pod
     /// idle for the whole run). A rival among the best scored others (at
     /// most [`crate::scheduler::SCORES_KEPT`], all past the filters) wins
-    /// if its cost, charged once more for the prefill it repeats
-    /// (`ms_per_token` x the tokens it would prefill beyond the holder's),
-    /// is still below the holder's by more than the holder's fixed part
-    /// (`overhead_ms`, one step: closer predictions are noise). The charge
-    /// is what the move costs the fleet: the holder would not have
-    /// prefilled those tokens at all. The prefix then gains a holder, and
-    /// later requests balance over both.
+    /// if its cost, charged for the prefill it repeats ([`charged`]: the
+    /// holder would not have prefilled those tokens at all; weighed by the
+    /// requests expected at the rival while it does), is still below the
+    /// holder's by more than the holder's fixed part (`overhead_ms`, one
+    /// step: closer predictions are noise). The prefix then gains a holder,
+    /// and later requests balance over both.
     ///
     /// `scheduling.decode_speed` applies the same rule to a cold or load
     /// pick on an endpoint that streams answers slower than the fleet's
@@ -170,16 +184,40 @@ impl Router {
         prediction: &Prediction,
         rivals: impl Iterator<Item = &'c Candidate>,
         prompt_tokens: u64,
+        arrivals_per_ms: f64,
     ) -> Option<(&'c Candidate, Prediction)> {
         rivals
             .filter(|c| c.healthy && c.endpoint != chosen.endpoint)
             .map(|c| {
                 let p = self.prediction(c, prompt_tokens);
-                (charged(prediction, &p), c, p)
+                (charged(prediction, &p, arrivals_per_ms), c, p)
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .filter(|(_, _, p)| move_pays(prediction, p))
+            .filter(|(_, _, p)| move_pays(prediction, p, arrivals_per_ms))
             .map(|(_, c, p)| (c, p))
+    }
+
+    /// Requests the fleet sends each endpoint per ms, by Little's law: the
+    /// requests present on the healthy candidates (each one's engine count
+    /// or kvroute's, the larger) over the time a request holds an engine
+    /// (`slots.rs`: its prefill and answer, learnt with
+    /// `scheduling.slot_wait`, 1 s until then), per candidate. What
+    /// [`charged`] weighs a repeated prefill by.
+    fn arrivals_per_ms(&self, candidates: &[Candidate]) -> f64 {
+        let (mut present, mut n) = (0.0, 0.0);
+        for c in candidates.iter().filter(|c| c.healthy) {
+            present += max_num(
+                c.snapshot.map_or(0.0, |s| s.running + s.waiting),
+                f64::from(c.inflight.requests),
+            );
+            n += 1.0;
+        }
+        let held = self.slots.held_ms();
+        if n > 0.0 && held > 0.0 {
+            present / held / n
+        } else {
+            0.0
+        }
     }
 
     /// Each candidate's predicted TTFT (`ttft.rs`), in candidate order.
@@ -235,13 +273,22 @@ impl Router {
 }
 
 /// What moving a request off `holder` to `mover` costs, by the TTFT model:
-/// the mover's cost, charged once more for the prefill the move repeats
-/// (its ms per token x the tokens it prefills beyond the holder's). The
-/// holder would not prefill those tokens at all; the charge is what the
-/// fleet loses by the move.
-fn charged(holder: &Prediction, mover: &Prediction) -> f64 {
-    mover.cost_ms
-        + mover.ms_per_token * non_negative(mover.uncached_tokens - holder.uncached_tokens)
+/// the mover's cost, plus a charge for the prefill the move repeats (the
+/// mover's ms per token x the tokens it prefills beyond the holder's; the
+/// holder would not prefill them at all). The charge is what that prefill
+/// costs the requests that arrive at the mover while it runs (the ones
+/// already there are in the mover's cost, `others_delay_ms`), so it is
+/// weighed by how many are expected: `arrivals_per_ms` (per endpoint) x
+/// the prefill's time, at most 1. A long document prefilled again is
+/// charged in full, as is any repeat on a saturated fleet; a short shared
+/// prompt on a quiet fleet is charged little, so a hot prefix gains a
+/// holder on an idle pod before its first holder queues (agentic: charged
+/// in full, the first burst left a pod idle for the whole run in most
+/// runs; bench/README.md).
+fn charged(holder: &Prediction, mover: &Prediction, arrivals_per_ms: f64) -> f64 {
+    let repeat_ms =
+        mover.ms_per_token * non_negative(mover.uncached_tokens - holder.uncached_tokens);
+    mover.cost_ms + repeat_ms * min_num(arrivals_per_ms * repeat_ms, 1.0)
 }
 
 /// The rule both cost checks share: a request leaves the holder of its
@@ -250,8 +297,8 @@ fn charged(holder: &Prediction, mover: &Prediction) -> f64 {
 /// step: closer predictions are noise). `leave_costlier_holder` moves a
 /// prefix pick by it; `keep_cheaper_holder` keeps the holder a load pick
 /// left unless it holds, so the two checks cannot disagree on a pair.
-fn move_pays(holder: &Prediction, mover: &Prediction) -> bool {
-    charged(holder, mover) + holder.overhead_ms < holder.cost_ms
+fn move_pays(holder: &Prediction, mover: &Prediction, arrivals_per_ms: f64) -> bool {
+    charged(holder, mover, arrivals_per_ms) + holder.overhead_ms < holder.cost_ms
 }
 
 #[cfg(test)]
@@ -540,6 +587,96 @@ mod tests {
         let o = d.overruled.unwrap();
         assert_eq!((o.check, o.endpoint), (CostCheck::KeptHolder, ep(2)));
         assert!(d.prediction.unwrap().cost_ms < o.cost_ms);
+    }
+
+    #[test]
+    fn a_repeated_prefill_is_charged_by_the_arrivals_expected_while_it_runs() {
+        let at = |uncached_tokens: f64, cost_ms: f64| Prediction {
+            uncached_tokens,
+            ms_per_token: 0.1,
+            cost_ms,
+            ..Prediction::default()
+        };
+        let holder = at(100.0, 500.0);
+        // A tool prompt of 2 000 tokens prefilled again: 200 ms.
+        let tool = at(2_100.0, 300.0);
+        assert_eq!(charged(&holder, &tool, 0.0), 300.0, "nobody comes");
+        assert_eq!(
+            charged(&holder, &tool, 1.0 / 400.0),
+            400.0,
+            "half a request"
+        );
+        assert_eq!(charged(&holder, &tool, 1.0 / 100.0), 500.0, "two: in full");
+        assert_eq!(charged(&holder, &tool, f64::NAN), 500.0, "unknown: in full");
+        // A 60 000-token document at the same rate: 6 s, in full.
+        let doc = at(60_100.0, 6_300.0);
+        assert_eq!(charged(&holder, &doc, 1.0 / 400.0), 12_300.0);
+        // Nothing repeated, nothing charged.
+        assert_eq!(charged(&doc, &holder, 1.0), 500.0);
+    }
+
+    #[test]
+    fn a_quiet_fleet_gives_a_hot_prompt_a_holder_but_keeps_a_document_on_its_own() {
+        // Three `weighted` endpoints whose requests hold an engine 10 s
+        // each (long answers): with 20 requests in flight, about one
+        // arrives per 1.5 s at each endpoint.
+        let mut r = router(3);
+        for _ in 0..64 {
+            r.streamed_in_full(None, 0, 10_000);
+        }
+        assert!(r.slots.held_ms() > 9_000.0, "{}", r.slots.held_ms());
+        let states = idle_states(&r, 0);
+        let mut rng = fastrand::Rng::with_seed(1);
+        let on_holder = |requests: u32, tokens: u64| {
+            move |e: &Endpoint| {
+                if *e == ep(1) {
+                    waiting(requests, tokens)
+                } else {
+                    InFlight::default()
+                }
+            }
+        };
+        // A tool prompt (31 blocks) on endpoint 1, 20 requests waiting there
+        // for 64 tokens each. Prefilling the prompt elsewhere takes 200 ms,
+        // in which 0.13 requests arrive: the move pays (charged in full, it
+        // took 33 waiting).
+        let tool: Vec<u64> = (1..=31).collect();
+        r.learn(ep(1), &tool, 0);
+        let request = [tool.as_slice(), &[1_000]].concat();
+        let load = on_holder(20, 20 * 64);
+        let d = r
+            .decide(
+                &request,
+                2_048,
+                &states,
+                &OutlierTable::default(),
+                load,
+                1,
+                &mut rng,
+            )
+            .unwrap();
+        assert_eq!(d.reason, Reason::Load, "{d:?}");
+        assert_eq!(d.overruled.map(|o| o.check), Some(CostCheck::LeftHolder));
+        // A document of 38 400 tokens on endpoint 1, still being prefilled
+        // for the first of 5 questions waiting there: a near tie with
+        // prefilling it again elsewhere (3.8 s, in which 0.64 requests
+        // arrive). Uncharged, the move would pay; charged, it stays.
+        let doc: Vec<u64> = (10_001..=10_600).collect();
+        r.learn(ep(1), &doc, 0);
+        let d = decide_doc(&r, &doc, &states, waiting(5, 38_400 + 4 * 64), &mut rng);
+        assert_eq!(
+            (d.endpoint, d.reason, d.overruled),
+            (ep(1), Reason::Prefix, None),
+            "{d:?}"
+        );
+        let p = d.prediction.unwrap();
+        let mut idle = crate::scheduler::test_support::cand(0);
+        idle.endpoint = ep(2);
+        let other = r.prediction(&idle, 38_400);
+        assert!(
+            charged(&p, &other, 0.0) + p.overhead_ms < p.cost_ms,
+            "uncharged it would move: {p:?} vs {other:?}"
+        );
     }
 
     #[test]

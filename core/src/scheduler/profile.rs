@@ -26,7 +26,8 @@
 //! `scheduling.leave_costlier_holder` leaves a holder whose queue or decode
 //! load costs more than prefilling the prompt elsewhere; both by one rule:
 //! a request leaves a holder only when the move pays after a charge for
-//! the prefill it repeats.
+//! the prefill it repeats, weighed by the requests expected to arrive
+//! while it runs.
 
 use super::filter::{AffinityGateFilter, HealthFilter, OverloadFilter};
 use super::plugin::{Filter, Scorer};
