@@ -281,10 +281,10 @@ impl Router {
 /// weighed by how many are expected: `arrivals_per_ms` (per endpoint) x
 /// the prefill's time, at most 1. A long document prefilled again is
 /// charged in full, as is any repeat on a saturated fleet; a short shared
-/// prompt on a quiet fleet is charged little, so a hot prefix gains a
-/// holder on an idle pod before its first holder queues (agentic: charged
-/// in full, the first burst left a pod idle for the whole run in most
-/// runs; bench/README.md).
+/// prompt on a quiet fleet is charged little, so a hot prefix can gain a
+/// holder on an idle pod before its first holder queues long (agentic on
+/// three trace seeds: a pod idle for the whole run on two charged in full,
+/// on one weighed; bench/README.md, 6 Dec 2026).
 fn charged(holder: &Prediction, mover: &Prediction, arrivals_per_ms: f64) -> f64 {
     let repeat_ms =
         mover.ms_per_token * non_negative(mover.uncached_tokens - holder.uncached_tokens);
