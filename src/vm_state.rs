@@ -309,7 +309,14 @@ impl VmState {
         }
         self.states = self.store.endpoint_states();
         self.outliers = self.store.outliers();
-        for endpoint in self.router.observe(&self.states) {
+        // This gateway's requests (every worker's) still awaiting a first
+        // byte tell a queue behind prefills from one out of slots
+        // (`scheduling.slot_wait`, the only reader).
+        let inflight = match self.config().scheduling.slot_wait {
+            true => self.store.inflight(),
+            false => InFlightTable::default(),
+        };
+        for endpoint in self.router.observe(&self.states, inflight.lookup()) {
             debug!("kvroute: the engine at {endpoint} restarted: its prefixes are forgotten");
         }
         for (endpoint, change) in self.router.check_engine_caches(&self.states, now_ms) {

@@ -182,6 +182,55 @@ fn keep_cheaper_holder_keeps_a_document_on_its_queueing_holder() {
     }
 }
 
+/// `scheduling.slot_wait` with the default `weighted` profile, engines
+/// that prefill in steps of a token budget (kvroute-sim, as vLLM): a
+/// document of ~37k tokens takes its holder about 2 s, and the questions
+/// sent meanwhile queue behind it, so scrape after scrape the holder runs 1
+/// request with 10 waiting. That is no slot limit: every one of them is
+/// kvroute's, none past its first byte. Taken for a limit of 1 (before 6
+/// Dec 2026) the next question was priced to wait for 12 whole requests
+/// (1 s each until streams teach otherwise) and left to prefill the
+/// document again on the idle pod.
+#[test]
+fn a_document_prefilling_with_its_questions_queued_keeps_the_next_one() {
+    let doc = "the contract says the following about liability ".repeat(3_000);
+    let body = |question: &str| json!({"model": MODEL, "max_tokens": 1, "prompt": format!("{doc}\n{question}")});
+    let sim = Sim::start(2, &[]);
+    let envoy = Envoy::start(&sim.endpoints(), json!({"debug_header": DEBUG}), 1);
+    let url = envoy.url("/v1/completions");
+    let ask = move |question: String| {
+        let url = url.clone();
+        let body = body(&question);
+        std::thread::spawn(move || post_json(&url, &body))
+    };
+    let first = ask("Who pays?".into());
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let queued: Vec<_> = (1..=10).map(|i| ask(format!("Question {i}?"))).collect();
+    // Scrapes every 50 ms: several show the queue behind the prefill.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let busy = sim.state(0)["running"].as_u64().unwrap_or(0)
+        + sim.state(1)["running"].as_u64().unwrap_or(0);
+    assert_eq!(
+        busy,
+        1,
+        "one pod prefills the document: {:?}",
+        (sim.state(0), sim.state(1))
+    );
+    let next = ask("And the next question?".into()).join().unwrap();
+    let first = first.join().unwrap();
+    let holder = first.pod().expect("pod header");
+    for q in queued {
+        assert_eq!(
+            q.join().unwrap().pod(),
+            Some(holder),
+            "the queued questions followed the document"
+        );
+    }
+    let debug = next.header(DEBUG).expect("debug header").to_string();
+    assert_eq!(next.pod(), Some(holder), "{debug}");
+    assert!(!debug.contains("moved_by_cost"), "{debug}");
+}
+
 /// Ten requests of `repeat` copies of a `label`ed question first: the
 /// model prices queued requests kvroute did not send at the mean size of
 /// those it routed.

@@ -25,6 +25,20 @@
 //!   a queue drains as its prefill does (the TTFT model's queue), not
 //!   request by request. A count above `L` shows `L` was not the limit:
 //!   the counts start again at the new high. Unknown: no wait.
+//!
+//!   A queue behind prefills alone is not counted, at any count: when
+//!   every request the scrape shows there (running and waiting) is
+//!   one of kvroute's that has not had its first byte yet, the running
+//!   ones are prefilling, and on an engine that prefills in steps of a
+//!   token budget one long prompt holds the step scrape after scrape,
+//!   with the next requests queued behind it at one running request
+//!   (kvroute-sim, as vLLM, on long-qa: a document prefilled for 2 s with
+//!   its questions queued taught a limit of 1, and the questions that
+//!   followed left its holder to prefill the document again,
+//!   bench/README.md). An engine out of slots runs requests past their
+//!   first byte while others queue. (A client that does not stream gets
+//!   its first byte at the end: such traffic alone teaches no limit; set
+//!   `scheduling.engine_slots`.)
 //! - **Or the limit the operator configured** (`scheduling.engine_slots`),
 //!   from the first request on, before any scrape could show a queue: a
 //!   gateway that starts in front of busy engines, or a burst of new
@@ -115,8 +129,16 @@ impl SlotLimits {
     }
 
     /// A scrape of `endpoint` taken at `scraped_at_ms` (each counts once,
-    /// however often it is seen).
-    pub fn observe(&mut self, endpoint: Endpoint, snapshot: &MetricsSnapshot, scraped_at_ms: u64) {
+    /// however often it is seen), while `awaiting_first_byte` of kvroute's
+    /// requests there had not had their first byte: a queue behind only
+    /// such requests is no sign of a limit (see the module comment).
+    pub fn observe(
+        &mut self,
+        endpoint: Endpoint,
+        snapshot: &MetricsSnapshot,
+        scraped_at_ms: u64,
+        awaiting_first_byte: u32,
+    ) {
         // `as` saturates; a negative or NaN gauge reads 0.
         let running = snapshot.running.round() as u32;
         if running == 0 && !self.seen.contains_key(&endpoint) {
@@ -127,7 +149,10 @@ impl SlotLimits {
             return;
         }
         seen.scraped_at_ms = scraped_at_ms;
-        let queued = u32::from(snapshot.waiting >= 0.5);
+        // A queue behind requests that all await their first byte says
+        // nothing of slots, at any count.
+        let prefilling = f64::from(awaiting_first_byte) >= snapshot.running + snapshot.waiting;
+        let queued = u32::from(snapshot.waiting >= 0.5 && !prefilling);
         if running > seen.most_running {
             seen.most_running = running;
             seen.queued_at_most = queued;
@@ -217,7 +242,7 @@ mod tests {
     fn feed(s: &mut SlotLimits, e: Endpoint, scrapes: &[(f64, f64)]) {
         for &(r, w) in scrapes {
             let at = s.seen.get(&e).map_or(1, |x| x.scraped_at_ms + 1);
-            s.observe(e, &scrape(r, w), at);
+            s.observe(e, &scrape(r, w), at, 0);
         }
     }
 
@@ -234,7 +259,7 @@ mod tests {
         feed(&mut s, e, &[(2.0, 1.0), (2.0, 2.0)]);
         assert_eq!(s.limit(&e), None);
         // ... and the same scrape seen again counts once.
-        s.observe(e, &scrape(2.0, 2.0), s.seen[&e].scraped_at_ms);
+        s.observe(e, &scrape(2.0, 2.0), s.seen[&e].scraped_at_ms, 0);
         assert_eq!(s.limit(&e), None);
         feed(&mut s, e, &[(2.0, 1.0)]);
         assert_eq!(s.limit(&e), Some(2));
@@ -255,6 +280,30 @@ mod tests {
             !s.seen.contains_key(&ep(3)),
             "nothing kept for an idle endpoint"
         );
+    }
+
+    #[test]
+    fn a_queue_behind_prefills_alone_marks_no_limit() {
+        // A long document held the step's token budget: one request ran
+        // and the next queued behind it, scrape after scrape, every one of
+        // them kvroute's and none with its first byte yet.
+        let mut s = SlotLimits::new(0.1, None);
+        let e = ep(1);
+        for at in 1..=8 {
+            s.observe(e, &scrape(1.0, 7.0), at, 8);
+        }
+        assert_eq!(s.limit(&e), None, "{:?}", s.seen[&e]);
+        assert_eq!(s.wait_ms(&e, 9.0), 0.0);
+        // A request of another client there (the engine counts more than
+        // kvroute sent), or one of kvroute's past its first byte: its slot
+        // was taken while others queued.
+        for (i, awaiting) in [(2, 7), (3, 6)] {
+            let mut s = SlotLimits::new(0.1, None);
+            for at in 1..=3 {
+                s.observe(ep(i), &scrape(1.0, 7.0), at, awaiting);
+            }
+            assert_eq!(s.limit(&ep(i)), Some(1), "{awaiting} awaiting");
+        }
     }
 
     #[test]

@@ -422,6 +422,70 @@ mod tests {
     }
 
     #[test]
+    fn a_document_queued_behind_its_own_prefill_teaches_no_slot_limit() {
+        // Endpoint 1 prefills a document of 600 blocks (38 400 tokens) for
+        // its first question, 7 more queued behind it: scrape after scrape
+        // it runs 1 and queues 7, all of them kvroute's requests and none
+        // with its first byte yet (vLLM, kvroute-sim: the document holds
+        // the step's token budget). Endpoint 2 is idle. Requests have held
+        // an engine 4 s.
+        let ahead = waiting(8, 38_400 + 7 * 64);
+        let holder_load = move |e: &Endpoint| {
+            if *e == ep(1) {
+                ahead
+            } else {
+                InFlight::default()
+            }
+        };
+        let queued = MetricsSnapshot {
+            waiting: 7.0,
+            running: 1.0,
+            ..MetricsSnapshot::default()
+        };
+        let doc: Vec<u64> = (1..=600).collect();
+        let mut question = doc.clone();
+        question.push(601);
+        // Observed with kvroute's requests as they were, and as if they
+        // had all had their first byte (the test's control).
+        for (observed, stays) in [(holder_load(&ep(1)), true), (InFlight::default(), false)] {
+            let mut r = router(2);
+            let mut states = idle_states(&r, 0);
+            for t in 1..=8 {
+                states.succeed(ep(1), queued, t);
+                states.succeed(ep(2), MetricsSnapshot::default(), t);
+                r.observe(&states, |e| {
+                    if *e == ep(1) {
+                        observed
+                    } else {
+                        InFlight::default()
+                    }
+                });
+            }
+            for _ in 0..8 {
+                r.streamed_in_full(None, 300, 4_000);
+            }
+            r.learn(ep(1), &doc, 0);
+            let d = r
+                .decide(
+                    &question,
+                    601 * 64,
+                    &states,
+                    &OutlierTable::default(),
+                    holder_load,
+                    10,
+                    &mut fastrand::Rng::with_seed(1),
+                )
+                .unwrap();
+            // Taken for a limit of 1, the next question would wait for 8
+            // whole requests (32 s) and prefill the document again.
+            assert_eq!(d.endpoint == ep(1), stays, "{observed:?}: {d:?}");
+            if stays {
+                assert_eq!(d.prediction.unwrap().slot_wait_ms, 0.0, "{d:?}");
+            }
+        }
+    }
+
+    #[test]
     fn weighted_leaves_a_holder_whose_slots_are_taken_for_a_free_one() {
         // Two engines of 2 slots (llama.cpp `-np 2`); endpoint 1 holds a
         // conversation of 40 blocks (2 560 tokens) and runs 2 requests with
@@ -437,7 +501,7 @@ mod tests {
         for t in 1..=crate::slots::MIN_QUEUED as u64 {
             states.succeed(ep(1), full, t);
             states.succeed(ep(2), MetricsSnapshot::default(), t);
-            r.observe(&states);
+            r.observe(&states, |_| InFlight::default());
         }
         states.succeed(
             ep(2),
@@ -448,7 +512,7 @@ mod tests {
             4,
         );
         states.succeed(ep(2), MetricsSnapshot::default(), 5);
-        r.observe(&states);
+        r.observe(&states, |_| InFlight::default());
         // Its requests hold a slot 4 s (streamed answers seen so far).
         for _ in 0..8 {
             r.streamed_in_full(None, 300, 4_000);

@@ -184,9 +184,14 @@ impl Router {
     /// the index back to an empty cache), and, when
     /// `prefix.follow_engine_capacity` is on, the capacity it reports
     /// (`block_size x num_gpu_blocks`), and, with `scheduling.slot_wait`,
-    /// the requests it runs and queues (`slots.rs`). Returns the endpoints
-    /// forgotten.
-    pub fn observe(&mut self, states: &EndpointStates) -> Vec<Endpoint> {
+    /// the requests it runs and queues (`slots.rs`; `inflight`: kvroute's
+    /// requests on each endpoint now, looked up in endpoint order). Returns
+    /// the endpoints forgotten.
+    pub fn observe(
+        &mut self,
+        states: &EndpointStates,
+        inflight: impl Fn(&Endpoint) -> InFlight,
+    ) -> Vec<Endpoint> {
         let follow = self.config.prefix.follow_engine_capacity;
         let mut forgotten = Vec::new();
         for (endpoint, state) in &states.entries {
@@ -206,7 +211,9 @@ impl Router {
             }
             if let Some(snapshot) = &state.snapshot {
                 if self.config.scheduling.slot_wait && self.pool.binary_search(endpoint).is_ok() {
-                    self.slots.observe(*endpoint, snapshot, state.scraped_at_ms);
+                    let awaiting = inflight(endpoint).waiting;
+                    self.slots
+                        .observe(*endpoint, snapshot, state.scraped_at_ms, awaiting);
                 }
             }
             let Some(tokens) = state.snapshot.and_then(|s| s.kv_capacity_tokens) else {
@@ -1002,14 +1009,21 @@ mod tests {
         for tokens in [100.0, 900.0] {
             assert!(!scrape(&mut states, ep(1), tokens));
             scrape(&mut states, ep(2), tokens);
-            assert_eq!(r.observe(&states), Vec::<Endpoint>::new());
+            assert_eq!(
+                r.observe(&states, |_| InFlight::default()),
+                Vec::<Endpoint>::new()
+            );
         }
         assert_eq!(r.indexed_blocks(ep(1)), 8);
         // Endpoint 1's counter starts over: it restarted.
         assert!(scrape(&mut states, ep(1), 12.0));
-        assert_eq!(r.observe(&states), vec![ep(1)]);
+        assert_eq!(r.observe(&states, |_| InFlight::default()), vec![ep(1)]);
         assert_eq!((r.indexed_blocks(ep(1)), r.indexed_blocks(ep(2))), (0, 4));
-        assert_eq!(r.observe(&states), Vec::<Endpoint>::new(), "once");
+        assert_eq!(
+            r.observe(&states, |_| InFlight::default()),
+            Vec::<Endpoint>::new(),
+            "once"
+        );
         // The prompt goes to the endpoint still holding half of it.
         assert_eq!(decide(&r, &states), (ep(2), Reason::Prefix));
     }
