@@ -131,7 +131,10 @@ impl SlotLimits {
     /// A scrape of `endpoint` taken at `scraped_at_ms` (each counts once,
     /// however often it is seen), while `awaiting_first_byte` of kvroute's
     /// requests there had not had their first byte: a queue behind only
-    /// such requests is no sign of a limit (see the module comment).
+    /// such requests is no sign of a limit (see the module comment). The
+    /// router reads that count from this gateway's in-flight table when it
+    /// first reads the scrape (within a tick of it); other replicas'
+    /// requests count as another client's.
     pub fn observe(
         &mut self,
         endpoint: Endpoint,
