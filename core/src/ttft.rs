@@ -11,6 +11,7 @@
 //!
 //! ```text
 //! ahead(e)    = kvroute's in-flight uncached tokens on e (all workers, all replicas)
+//!               less what e has prefilled of them since it last answered one
 //!             + max(0, engine waiting - kvroute's waiting on e) x mean uncached tokens
 //! uncached(e) = prompt tokens - tokens of r's prefix e holds
 //! running(e)  = max(engine running, kvroute's requests past their first byte)
@@ -19,6 +20,12 @@
 //!                              + ms_per_running x running(e))
 //!             + max(0, slot wait(e) - f(e) x ms_per_token x ahead(e))
 //! ```
+//!
+//! What `e` has prefilled of kvroute's in-flight tokens: since its last
+//! first byte (or since it was first waited on, `InFlight::progress_ms`) it
+//! has drained them in order at its rates, after the fixed part and the
+//! decode load; at least one mean request stays ahead while one waits
+//! ([`TtftModel::unprefilled_tokens`]).
 //!
 //! `slot wait(e)` is what the request waits for one of the engine's slots
 //! to free up (`slots.rs`, `scheduling.slot_wait`; 0 without a limit,
@@ -86,7 +93,8 @@
 
 use crate::config::TtftConfig;
 use crate::endpoint::Endpoint;
-use crate::float::{max_num, non_negative};
+use crate::float::{max_num, min_num, non_negative};
+use crate::inflight::InFlight;
 use crate::log_mean::{staleness, LogMean, MAX_STEP, WARM_UP};
 use hashbrown::HashMap;
 
@@ -277,6 +285,10 @@ pub struct TtftModel {
     /// Mean uncached tokens of a routed request (for queued requests
     /// kvroute did not send).
     mean_uncached: LogMean,
+    /// The longest first byte observed lately (each as the fit took it,
+    /// outliers cut), decayed as the fit is: how long a queue may go
+    /// unanswered and still be draining ([`TtftModel::unprefilled_tokens`]).
+    longest_ms: f64,
 }
 
 impl TtftModel {
@@ -292,6 +304,7 @@ impl TtftModel {
             learnt: HashMap::new(),
             mean_ln: 0.0,
             mean_uncached: LogMean::at(512.0),
+            longest_ms: 0.0,
         }
     }
 
@@ -329,6 +342,47 @@ impl TtftModel {
         self.mean_uncached.value()
     }
 
+    /// kvroute's in-flight uncached tokens on `endpoint` its engine has not
+    /// prefilled yet at `now_ms`, by the model: since `inflight.progress_ms`
+    /// (its last first byte, or when it started being waited on) it has
+    /// drained its queue at its rates, after the fixed part of a first
+    /// token and the decode load of its `running` requests. A document
+    /// 2 s into a 2.2 s prefill is mostly done: counting all of it as
+    /// ahead priced the holder like an idle pod that would prefill it all
+    /// again. At least one mean request stays ahead while one is waited
+    /// on (all of them if they are fewer): a first byte overdue is not a
+    /// queue drained.
+    ///
+    /// The credit is for time no longer than the longest first byte seen
+    /// lately (none before the first), and shrinks back to nothing over as
+    /// long again: an engine silent for that long is not draining (a
+    /// frozen engine whose `/metrics` still answers must not look idle and
+    /// draw every request). It never depends on the tokens in flight, so
+    /// more of them never look like less work.
+    pub fn unprefilled_tokens(
+        &self,
+        endpoint: &Endpoint,
+        inflight: InFlight,
+        running: f64,
+        now_ms: u64,
+    ) -> f64 {
+        let tokens = inflight.tokens as f64;
+        if inflight.waiting == 0 || tokens <= 0.0 {
+            return tokens;
+        }
+        let r = self.rates(endpoint);
+        let elapsed = now_ms.saturating_sub(inflight.progress_ms) as f64;
+        let busy = non_negative(elapsed - r.overhead_ms - r.ms_per_running * non_negative(running));
+        let credited_ms = min_num(busy, non_negative(2.0 * self.longest_ms - busy));
+        let prefilled = if r.ms_per_token > 0.0 {
+            credited_ms / r.ms_per_token
+        } else {
+            0.0
+        };
+        let floor = min_num(tokens, self.mean_uncached_tokens());
+        max_num(tokens - prefilled, floor)
+    }
+
     /// A request with `uncached` tokens was routed (feeds the mean size).
     pub fn routed(&mut self, uncached: u64) {
         self.mean_uncached
@@ -347,6 +401,7 @@ impl TtftModel {
         if self.fit.n >= u64::from(WARM_UP) {
             y = y.min(MAX_STEP * expected + 50.0);
         }
+        self.longest_ms = max_num(y, self.longest_ms * FIT_DECAY);
         // The endpoint's factor first, then the fleet fit with the
         // observation brought to the fleet's scale.
         let (current, _) = self.factor(&endpoint);
@@ -624,6 +679,77 @@ mod tests {
         assert_eq!(m.rates(&ep(2)).observations, 0);
         assert!(m.rates(&ep(1)).observations > 0);
         assert_eq!(model().rates(&ep(1)).ms_per_token, 0.1);
+    }
+
+    #[test]
+    fn a_queue_waited_on_for_a_while_is_partly_prefilled() {
+        // The priors: 20 ms fixed, 0.1 ms a token, 0 per running request.
+        let m = model();
+        let r = m.rates(&ep(1));
+        assert_eq!((r.overhead_ms, r.ms_per_token), (20.0, 0.1));
+        // 3 requests, 30 000 tokens between them, first waited on at 1000.
+        let queue = InFlight {
+            requests: 3,
+            tokens: 30_000,
+            waiting: 3,
+            progress_ms: 1_000,
+        };
+        // Nothing is credited before a first byte has been seen.
+        let mut m = m;
+        assert_eq!(m.unprefilled_tokens(&ep(1), queue, 0.0, 1_520), 30_000.0);
+        // First bytes have taken up to 6 s lately.
+        m.longest_ms = 6_000.0;
+        let at = |now: u64| m.unprefilled_tokens(&ep(1), queue, 0.0, now);
+        assert_eq!(at(1_000), 30_000.0, "just sent");
+        assert_eq!(at(1_020), 30_000.0, "the fixed part first");
+        assert_eq!(at(1_520), 25_000.0, "500 ms at 0.1 ms a token");
+        assert_eq!(at(0), 30_000.0, "a clock behind the table credits nothing");
+        // Never below one mean request (512 tokens before any is routed):
+        // its first byte is overdue, not its queue gone.
+        let mean = m.mean_uncached_tokens();
+        assert!((mean - 512.0).abs() < 1e-9, "{mean}");
+        assert_eq!(at(4_000), mean);
+        assert_eq!(at(7_020), mean, "6 s credited");
+        // Silent longer than any first byte lately: the credit shrinks
+        // back, and an engine silent for twice that gets none (frozen).
+        assert_eq!(at(9_020), mean, "8 s silent: 4 s credited");
+        assert_eq!(at(11_020), 10_000.0, "10 s silent: 2 s credited");
+        assert_eq!(at(13_020), 30_000.0);
+        assert_eq!(at(u64::MAX), 30_000.0);
+        // More tokens in flight never look like less work.
+        for now in [1_520, 4_000, 9_020, 11_020, 13_020] {
+            let more = InFlight {
+                tokens: 40_000,
+                ..queue
+            };
+            assert!(
+                m.unprefilled_tokens(&ep(1), more, 0.0, now) >= at(now),
+                "{now}"
+            );
+        }
+        // Requests decoding there slow the queue down.
+        let mut busy = model();
+        busy.longest_ms = 6_000.0;
+        busy.fit.theta[2] = 10.0;
+        assert_eq!(busy.unprefilled_tokens(&ep(1), queue, 5.0, 1_520), 25_500.0);
+        // Less than a mean request in flight: all of it stays ahead.
+        let small = InFlight {
+            tokens: 300,
+            ..queue
+        };
+        assert_eq!(m.unprefilled_tokens(&ep(1), small, 0.0, 9_000), 300.0);
+        // Nothing waited on (tokens are only in flight while a request
+        // waits; a lost event may leave some): nothing to credit.
+        let answered = InFlight {
+            waiting: 0,
+            ..queue
+        };
+        assert_eq!(m.unprefilled_tokens(&ep(1), answered, 0.0, 9_000), 30_000.0);
+        // A degenerate rate credits nothing.
+        let mut flat = model();
+        flat.longest_ms = 6_000.0;
+        flat.fit.theta[1] = 0.0;
+        assert_eq!(flat.unprefilled_tokens(&ep(1), queue, 0.0, 9_000), 30_000.0);
     }
 
     #[test]

@@ -7,8 +7,6 @@
 use super::Router;
 use crate::endpoint::Endpoint;
 use crate::float::{max_num, min_num, non_negative};
-use crate::inflight::InFlight;
-use crate::metrics::MetricsSnapshot;
 use crate::scheduler::{Candidate, CostCheck, Decision, Overruled, Reason, RequestFacts};
 use crate::ttft::Prediction;
 
@@ -37,6 +35,7 @@ impl Router {
         decision: &mut Decision,
         candidates: &[Candidate],
         req: &RequestFacts,
+        now_ms: u64,
     ) {
         let scheduling = &self.config.scheduling;
         if !(scheduling.keep_cheaper_holder
@@ -55,7 +54,7 @@ impl Router {
         let Some(chosen) = at(decision.endpoint) else {
             return;
         };
-        let prediction = self.prediction(chosen, req.prompt_tokens);
+        let prediction = self.prediction(chosen, req.prompt_tokens, now_ms);
         // A pass over the pool: only when a check prices a move.
         let arrivals_per_ms = || self.arrivals_per_ms(candidates);
         // The best scored others, priced against the pick.
@@ -66,6 +65,7 @@ impl Router {
                 &prediction,
                 rivals,
                 req.prompt_tokens,
+                now_ms,
                 arrivals_per_ms(),
             )
         };
@@ -75,6 +75,7 @@ impl Router {
                 &prediction,
                 candidates,
                 req.prompt_tokens,
+                now_ms,
                 arrivals_per_ms(),
             ),
             // An adapter request stays where the scores put it: the model
@@ -137,6 +138,7 @@ impl Router {
         prediction: &Prediction,
         candidates: &'c [Candidate],
         prompt_tokens: u64,
+        now_ms: u64,
         arrivals_per_ms: f64,
     ) -> Option<(CostCheck, &'c Candidate, Prediction)> {
         let longest = candidates
@@ -154,7 +156,7 @@ impl Router {
                     && c.matched() > chosen.matched()
                     && (c.matched() - chosen.matched()) * block_tokens >= min_saved
             })
-            .map(|c| (c, self.prediction(c, prompt_tokens)))
+            .map(|c| (c, self.prediction(c, prompt_tokens, now_ms)))
             .min_by(|a, b| a.1.cost_ms.total_cmp(&b.1.cost_ms))
             .filter(|(_, holder)| !move_pays(holder, prediction, arrivals_per_ms))
             .map(|(c, p)| (CostCheck::KeptHolder, c, p))
@@ -184,12 +186,13 @@ impl Router {
         prediction: &Prediction,
         rivals: impl Iterator<Item = &'c Candidate>,
         prompt_tokens: u64,
+        now_ms: u64,
         arrivals_per_ms: f64,
     ) -> Option<(&'c Candidate, Prediction)> {
         rivals
             .filter(|c| c.healthy && c.endpoint != chosen.endpoint)
             .map(|c| {
-                let p = self.prediction(c, prompt_tokens);
+                let p = self.prediction(c, prompt_tokens, now_ms);
                 (charged(prediction, &p, arrivals_per_ms), c, p)
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
@@ -221,24 +224,29 @@ impl Router {
     }
 
     /// Each candidate's predicted TTFT (`ttft.rs`), in candidate order.
-    pub(super) fn predict(&self, candidates: &[Candidate], prompt_tokens: u64) -> Vec<Prediction> {
+    pub(super) fn predict(
+        &self,
+        candidates: &[Candidate],
+        prompt_tokens: u64,
+        now_ms: u64,
+    ) -> Vec<Prediction> {
         candidates
             .iter()
-            .map(|c| self.prediction(c, prompt_tokens))
+            .map(|c| self.prediction(c, prompt_tokens, now_ms))
             .collect()
     }
 
-    /// One candidate's predicted TTFT (`ttft.rs`).
-    fn prediction(&self, c: &Candidate, prompt_tokens: u64) -> Prediction {
+    /// One candidate's predicted TTFT (`ttft.rs`) at `now_ms`.
+    fn prediction(&self, c: &Candidate, prompt_tokens: u64, now_ms: u64) -> Prediction {
         let block_tokens = self.config.prefix.block_tokens as u64;
         // A leaf match (part of a block) counts for its part.
         let cached = c.matched() * block_tokens as f64;
         let uncached = non_negative(prompt_tokens as f64 - cached);
-        let ahead = self.ahead_tokens(c.snapshot, c.inflight);
         // Decoding there: the engine's count, or kvroute's requests past
         // their first byte if more.
         let own = c.inflight.requests.saturating_sub(c.inflight.waiting);
         let running = max_num(c.snapshot.map_or(0.0, |s| s.running), f64::from(own));
+        let ahead = self.ahead_tokens(c, running, now_ms);
         // Held there (decoding or waiting): the engine's count, or
         // kvroute's if more (sent since the scrape).
         let present = max_num(
@@ -262,13 +270,17 @@ impl Router {
     }
 
     /// Prefill work ahead of a new request on an endpoint (`ttft.rs`):
-    /// kvroute's in-flight uncached tokens there, plus requests its fresh
-    /// snapshot shows queued beyond kvroute's own, at the mean request size.
-    fn ahead_tokens(&self, snapshot: Option<MetricsSnapshot>, inflight: InFlight) -> f64 {
-        let foreign = snapshot.map_or(0.0, |s| {
-            non_negative(s.waiting - f64::from(inflight.waiting))
+    /// kvroute's in-flight uncached tokens there the engine has not
+    /// prefilled yet by `now_ms` (`TtftModel::unprefilled_tokens`), plus
+    /// requests its fresh snapshot shows queued beyond kvroute's own, at
+    /// the mean request size.
+    fn ahead_tokens(&self, c: &Candidate, running: f64, now_ms: u64) -> f64 {
+        let foreign = c.snapshot.map_or(0.0, |s| {
+            non_negative(s.waiting - f64::from(c.inflight.waiting))
         });
-        inflight.tokens as f64 + foreign * self.ttft.mean_uncached_tokens()
+        self.ttft
+            .unprefilled_tokens(&c.endpoint, c.inflight, running, now_ms)
+            + foreign * self.ttft.mean_uncached_tokens()
     }
 }
 
@@ -306,6 +318,8 @@ mod tests {
     use super::super::tests::{ep, idle_states, router, two_models};
     use super::*;
     use crate::config::{Config, Profile};
+    use crate::inflight::InFlight;
+    use crate::metrics::MetricsSnapshot;
     use crate::outlier::OutlierTable;
     use crate::shared::endpoint_state::EndpointStates;
     use hashbrown::HashMap;
@@ -419,6 +433,61 @@ mod tests {
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!(d.prediction.unwrap().uncached_tokens, 38_400.0);
         assert_eq!(d.overruled, None);
+    }
+
+    #[test]
+    fn a_queue_drained_for_most_of_its_prefill_keeps_the_holder() {
+        // The busy holder above, 100 000 tokens of kvroute's waited on
+        // there: counted in full, leaving for the idle pod pays (the test
+        // above). The same queue first waited on 9 s ago is mostly
+        // prefilled (at the priors' 0.1 ms a token, about 90 000 tokens):
+        // what is left costs less than the document again elsewhere. (A
+        // first byte of 10 s, as the priors expect for 100 000 tokens, was
+        // seen: no queue is credited for longer than those seen lately.)
+        let (mut r, _, doc) = busy_holder_of_a_doc();
+        r.ttft.observe(ep(2), 100_000, 0.0, 10_020);
+        let decide = |waited_ms: u64| {
+            let now = 50_000;
+            let mut states = idle_states(&r, now);
+            let busy = MetricsSnapshot {
+                waiting: 6.0,
+                running: 4.0,
+                ..MetricsSnapshot::default()
+            };
+            states.succeed(ep(1), busy, now);
+            let queue = InFlight {
+                progress_ms: now - waited_ms,
+                ..waiting(12, 100_000)
+            };
+            let load = |e: &Endpoint| {
+                if *e == ep(1) {
+                    queue
+                } else {
+                    InFlight::default()
+                }
+            };
+            let mut rng = fastrand::Rng::with_seed(1);
+            r.decide(
+                &doc,
+                38_400,
+                &states,
+                &OutlierTable::default(),
+                load,
+                now,
+                &mut rng,
+            )
+            .unwrap()
+        };
+        let d = decide(0);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load), "{d:?}");
+        let d = decide(9_000);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix), "{d:?}");
+        let ahead = d.prediction.unwrap().ahead_tokens;
+        assert!((9_000.0..12_000.0).contains(&ahead), "{ahead}");
+        // Silent for twice the longest first byte seen: a frozen engine
+        // whose scrapes still answer. Nothing is credited, and it moves.
+        let d = decide(25_000);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load), "{d:?}");
     }
 
     #[test]
@@ -736,7 +805,7 @@ mod tests {
         let p = d.prediction.unwrap();
         let mut idle = crate::scheduler::test_support::cand(0);
         idle.endpoint = ep(2);
-        let other = r.prediction(&idle, 38_400);
+        let other = r.prediction(&idle, 38_400, 1);
         assert!(
             charged(&p, &other, 0.0) + p.overhead_ms < p.cost_ms,
             "uncharged it would move: {p:?} vs {other:?}"

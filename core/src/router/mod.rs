@@ -441,12 +441,12 @@ impl Router {
             adapter,
         };
         let mut decision = if self.config.scheduling.profile == Profile::PredictedTtft {
-            let predictions = self.predict(&candidates, prompt_tokens);
+            let predictions = self.predict(&candidates, prompt_tokens, now_ms);
             self.scheduler
                 .pick_predicted(&facts, &candidates, &predictions, rng)?
         } else {
             let mut decision = self.scheduler.pick(&facts, &candidates, rng)?;
-            self.check_by_cost(&mut decision, &candidates, &facts);
+            self.check_by_cost(&mut decision, &candidates, &facts, now_ms);
             decision
         };
         if !self.cache_trust.distrusted().is_empty() {
@@ -747,7 +747,7 @@ mod tests {
                 r.scheduler
                     .pick(&facts, &candidates, &mut fastrand::Rng::with_seed(seed));
             if let Some(d) = &mut want {
-                r.check_by_cost(d, &candidates, &facts);
+                r.check_by_cost(d, &candidates, &facts, now);
             }
             assert_eq!(got, want, "round {round}");
         }
