@@ -125,10 +125,10 @@ impl Router {
     /// the rule `leave_costlier_holder` applies ([`move_pays`]: the pick's
     /// cost, charged for the prefill it repeats, below the holder's by more
     /// than one step); a holder whose queue costs more than that still
-    /// loses. (Uncharged, a near tie went to the re-prefill: a holder
-    /// still prefilling the very document a question needs counts that
-    /// document's in-flight tokens as ahead in full, as much as the pick's
-    /// own prefill of it.) Smaller differences stay with the load scores and
+    /// loses. (Uncharged, a near tie went to the re-prefill: a holder that
+    /// has just started prefilling the very document a question needs
+    /// counts that document's in-flight tokens as ahead, as much as the
+    /// pick's own prefill of it.) Smaller differences stay with the load scores and
     /// [`Router::cheaper_rival`]: vetoing every move of a
     /// conversation whose shared prompt is cached everywhere kept hot
     /// groups on one pod (bench/README.md).
