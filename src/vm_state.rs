@@ -309,12 +309,15 @@ impl VmState {
         }
         self.states = self.store.endpoint_states();
         self.outliers = self.store.outliers();
-        // This gateway's requests (every worker's) still awaiting a first
-        // byte tell a queue behind prefills from one out of slots
-        // (`scheduling.slot_wait`, the only reader).
-        let inflight = match self.config().scheduling.slot_wait {
-            true => self.store.inflight(),
-            false => InFlightTable::default(),
+        // This gateway's requests (every worker's): those still awaiting a
+        // first byte tell a queue behind prefills from one out of slots
+        // (`scheduling.slot_wait`), and stall detection reads them below.
+        // One read of the shared table for both, none if neither is on.
+        let stalls = self.config().failover.stall_after_ms > 0;
+        let inflight = if self.config().scheduling.slot_wait || stalls {
+            self.store.inflight()
+        } else {
+            InFlightTable::default()
         };
         for endpoint in self.router.observe(&self.states, inflight.lookup()) {
             debug!("kvroute: the engine at {endpoint} restarted: its prefixes are forgotten");
@@ -338,10 +341,8 @@ impl VmState {
         }
         // Stalls are counted and logged here, once a tick; each decision
         // checks them itself.
-        if self.config().failover.stall_after_ms > 0 {
-            let table = self.store.inflight();
-            let inflight = table.lookup();
-            let stalled = self.router.stalled(&self.states, inflight, now_ms);
+        if stalls {
+            let stalled = self.router.stalled(&self.states, inflight.lookup(), now_ms);
             self.note_stalls(stalled);
         }
     }

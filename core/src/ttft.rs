@@ -684,7 +684,7 @@ mod tests {
     #[test]
     fn a_queue_waited_on_for_a_while_is_partly_prefilled() {
         // The priors: 20 ms fixed, 0.1 ms a token, 0 per running request.
-        let m = model();
+        let mut m = model();
         let r = m.rates(&ep(1));
         assert_eq!((r.overhead_ms, r.ms_per_token), (20.0, 0.1));
         // 3 requests, 30 000 tokens between them, first waited on at 1000.
@@ -695,7 +695,6 @@ mod tests {
             progress_ms: 1_000,
         };
         // Nothing is credited before a first byte has been seen.
-        let mut m = m;
         assert_eq!(m.unprefilled_tokens(&ep(1), queue, 0.0, 1_520), 30_000.0);
         // First bytes have taken up to 6 s lately.
         m.longest_ms = 6_000.0;
