@@ -4,7 +4,7 @@
 //! `Drop` kills the group and reaps it, so an error, a panic or Ctrl-C (handled by
 //! the caller, which then unwinds normally) never leaves a pod or a proxy behind.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 pub struct ChildGuard {
     name: String,
     child: Child,
+    log: PathBuf,
 }
 
 impl ChildGuard {
@@ -38,6 +39,7 @@ impl ChildGuard {
         Ok(ChildGuard {
             name: name.to_string(),
             child,
+            log: log.to_path_buf(),
         })
     }
 
@@ -46,13 +48,41 @@ impl ChildGuard {
         self.child.id()
     }
 
-    /// Fails if the child has already exited.
+    /// Fails if the child has already exited, with the end of its log: the
+    /// log is removed when the same router starts again (the next workload
+    /// or seed), and a skipped row should say why on its own.
     pub fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
-            bail!("{} exited early ({status})", self.name);
+            bail!(
+                "{} exited early ({status}); its log ends: {}",
+                self.name,
+                log_tail(&self.log, 5)
+            );
         }
         Ok(())
     }
+}
+
+/// The last `lines` non-empty lines of the log at `path`, from its last
+/// 4 KiB at most, joined with " | " (`(empty)` or `(unreadable)` otherwise).
+fn log_tail(path: &Path, lines: usize) -> String {
+    const WINDOW: u64 = 4096;
+    let read = || -> std::io::Result<String> {
+        let mut f = std::fs::File::open(path)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(WINDOW)))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let Ok(text) = read() else {
+        return "(unreadable)".into();
+    };
+    let tail: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if tail.is_empty() {
+        return "(empty)".into();
+    }
+    tail[tail.len().saturating_sub(lines)..].join(" | ")
 }
 
 impl Drop for ChildGuard {
@@ -117,6 +147,7 @@ pub struct Sim {
 
 /// Starts `kvroute-sim` with free ports and waits until every pod listens.
 pub fn start_sim(binary: &Path, s: &SimSettings, logs: &Path) -> Result<Sim> {
+    let stderr_log = logs.join("sim.stderr.log");
     let mut cmd = Command::new(binary);
     cmd.args([
         "--pods",
@@ -141,9 +172,7 @@ pub fn start_sim(binary: &Path, s: &SimSettings, logs: &Path) -> Result<Sim> {
     .args(["--seed", &s.seed.to_string()])
     .args(&s.extra_args)
     .stdout(Stdio::piped())
-    .stderr(Stdio::from(std::fs::File::create(
-        logs.join("sim.stderr.log"),
-    )?))
+    .stderr(Stdio::from(std::fs::File::create(&stderr_log)?))
     .stdin(Stdio::null())
     .process_group(0);
     let mut child = cmd
@@ -153,6 +182,7 @@ pub fn start_sim(binary: &Path, s: &SimSettings, logs: &Path) -> Result<Sim> {
     let guard = ChildGuard {
         name: "kvroute-sim".into(),
         child,
+        log: stderr_log,
     };
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -258,6 +288,43 @@ impl Tools {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_that_exits_early_says_why() {
+        let dir = std::env::temp_dir().join(format!("kvroute-procs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("early.log");
+        let _ = std::fs::remove_file(&log);
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "for i in 1 2 3 4 5 6 7; do echo line $i; done; echo 'cannot bind 127.0.0.1:1' >&2; exit 3",
+        ]);
+        let mut child = ChildGuard::spawn("early", cmd, &log).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let err = loop {
+            match child.check_alive() {
+                Err(e) => break e.to_string(),
+                Ok(()) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Ok(()) => panic!("sh did not exit"),
+            }
+        };
+        assert!(err.starts_with("early exited early ("), "{err}");
+        assert!(err.contains("3"), "{err}");
+        // The last five lines, the cause last.
+        assert!(
+            err.ends_with(
+                "its log ends: line 4 | line 5 | line 6 | line 7 | cannot bind 127.0.0.1:1"
+            ),
+            "{err}"
+        );
+        assert_eq!(log_tail(&dir.join("absent.log"), 5), "(unreadable)");
+        std::fs::write(&log, "\n\n").unwrap();
+        assert_eq!(log_tail(&log, 5), "(empty)");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn parses_pod_lines() {
