@@ -311,8 +311,10 @@ mod tests {
                 Ok(()) => panic!("sh did not exit"),
             }
         };
-        assert!(err.starts_with("early exited early ("), "{err}");
-        assert!(err.contains("3"), "{err}");
+        assert!(
+            err.starts_with("early exited early (exit status: 3); "),
+            "{err}"
+        );
         // The last five lines, the cause last.
         assert!(
             err.ends_with(
