@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 ISTIO = DEPLOY / "istio"
 COMPOSE = DEPLOY / "compose"
-CONFIG_RS = ROOT / "core" / "src" / "config.rs"
+CONFIG_RS = ROOT / "core" / "src" / "config" / "mod.rs"
 REAL_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "kvroute.wasm"
 
 

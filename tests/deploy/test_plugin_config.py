@@ -2,7 +2,7 @@
 
 Two checks:
   * here, without building anything: the JSON's keys and enum values against
-    the serde structs in core/src/config.rs (parsed from the Rust source, so a
+    the serde structs in core/src/config/mod.rs (parsed from the Rust source, so a
     renamed or removed field fails this test), plus the semantic rules the
     deploy files depend on (endpoints or discovery, discovery needs
     override_host);
@@ -19,7 +19,7 @@ from conftest import CONFIG_RS, plugin_configs
 
 
 def rust_schema():
-    """{struct or enum name: {field: type}} / {enum: set(values)} from config.rs."""
+    """{struct or enum name: {field: type}} / {enum: set(values)} from config/mod.rs."""
     src = CONFIG_RS.read_text()
     structs, enums = {}, {}
     for m in re.finditer(r"pub struct (\w+) \{(.*?)\n\}", src, re.S):
