@@ -79,12 +79,14 @@ pub struct FleetArgs {
     /// configuration, e.g. `'{"scheduling":{"cold_margin":0}}'`: tune and compare.
     #[arg(long, value_parser = parse_json_object)]
     pub kvroute_config: Option<serde_json::Value>,
-    /// Directory for one decisions log per kvroute row (`<workload>-<router>.tsv`):
-    /// each request's start, TTFT and E2E (simulated ms), answering pod, its
-    /// TTFT in wall ms (`ttft_wall_ms`: the unit of the debug header's
-    /// predictions) and kvroute's debug header (its decision, the best
+    /// Directory for one request log per row (`<workload>-<router>.tsv`, every
+    /// router, so a peer's requests can be set beside kvroute's): each
+    /// request's start, TTFT and E2E (simulated ms), answering pod, its TTFT
+    /// in wall ms (`ttft_wall_ms`: the unit of the debug header's predictions)
+    /// and, for kvroute rows, its debug header (its decision, the best
     /// candidates' scores and, with `predicted_ttft` or a move by cost, their
-    /// predictions). Turns `debug_header` on in every kvroute variant.
+    /// predictions; empty for other routers). Turns `debug_header` on in every
+    /// kvroute variant.
     #[arg(long)]
     pub decisions_log: Option<PathBuf>,
     /// Per-request timeout, wall seconds.

@@ -181,7 +181,7 @@ pub struct Experiment {
     pub envoy_workers: usize,
     /// Merged into every kvroute variant's configuration (`--kvroute-config`).
     pub kvroute_config: Option<serde_json::Value>,
-    /// Where each kvroute row's decisions log goes (`--decisions-log`).
+    /// Where each row's request log goes (`--decisions-log`).
     pub decisions_log: Option<PathBuf>,
 }
 
@@ -242,7 +242,7 @@ pub async fn run_one(
     let exchanges = run(&gw.url, trace, &e.run, &pb).await?;
     let wall = t0.elapsed();
     pb.finish();
-    if let (Some(dir), true) = (&e.decisions_log, kvroute) {
+    if let Some(dir) = &e.decisions_log {
         write_decisions(
             dir,
             &format!("{label}-{}", arm.name()),
