@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! candidates --filters--> kept --scorers (clamp 0..1, x weight, sum)--> score per kept
-//!            --picker (max; ties and cold: rendezvous hash with peers, else random / least recently picked)--> Decision
+//!            --picker (max; ties and cold: rendezvous hash with peers, else random / least recently picked, then fewest in flight)--> Decision
 //! ```
 //!
 //! Layout: contracts in [`plugin`], one file per filter in [`filter`] and
@@ -316,10 +316,15 @@ impl Scheduler {
             .map(|s| s.weight(w))
             .filter(|x| x.is_finite() && *x > 0.0)
             .sum::<f64>();
-        // Recency (only a cold pick reads it) and, with an affinity key,
-        // rendezvous rank of each kept candidate.
-        let last: Vec<Option<u64>> = if cold {
-            kept.iter().map(|&i| candidates[i].last_picked_ms).collect()
+        // Recency and requests in flight (only a cold pick reads them)
+        // and, with an affinity key, rendezvous rank of each kept candidate.
+        let cold_rank: Vec<picker::ColdRank> = if cold {
+            kept.iter()
+                .map(|&i| picker::ColdRank {
+                    last_picked_ms: candidates[i].last_picked_ms,
+                    inflight: candidates[i].inflight.requests,
+                })
+                .collect()
         } else {
             Vec::new()
         };
@@ -336,7 +341,7 @@ impl Scheduler {
             weight_sum
         };
         let margin = cold.then_some(self.config.cold_margin * unit);
-        let k = picker::pick(&total, &last, rank.as_deref(), margin, rng)?;
+        let k = picker::pick(&total, &cold_rank, rank.as_deref(), margin, rng)?;
         let chosen = &candidates[kept[k]];
 
         // Prefix: the chosen endpoint holds the longest prefix any live
