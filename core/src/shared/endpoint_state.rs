@@ -421,6 +421,11 @@ impl EndpointStates {
 }
 
 const MAGIC: &[u8; 4] = b"KVES";
+/// The fewest bytes an encoded entry takes (a v4 address, the two times,
+/// the failure count, one flag byte): decoding reserves at most one entry
+/// (`size_of::<(Endpoint, ScrapeState)>()`, 248 bytes natively) per this
+/// many bytes of input, about 9 times the input.
+pub const MIN_ENTRY_BYTES: usize = 28;
 /// Version 2 added the `lora` flag, version 3 the `served` one, version 4
 /// the engine's prompt-token counter and restarts, version 5 when the
 /// counter last went down, version 6 a second flag byte (the prefix-cache
@@ -531,8 +536,8 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
     }
     let known_flags = FLAGS[usize::from(version - 1)];
     let n = u16::from_le_bytes(next(r)?) as usize;
-    // Each entry takes at least 28 bytes: a count the bytes cannot hold is garbage.
-    if n > r.len() / 28 {
+    // A count the bytes cannot hold is garbage.
+    if n > r.len() / MIN_ENTRY_BYTES {
         return None;
     }
     let mut entries = Vec::with_capacity(n);
