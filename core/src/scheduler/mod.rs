@@ -473,10 +473,15 @@ mod tests {
         let ep = |p: usize| cand(p).endpoint;
         for round in 0..500 {
             let n = rng.usize(1..60);
-            // Few distinct values (ties), some NaN.
+            // Few distinct values (ties), some NaN of either sign, both
+            // zeros and infinities (`total_cmp` orders them all).
             let total: Vec<f64> = (0..n)
-                .map(|_| match rng.u8(0..10) {
+                .map(|_| match rng.u8(0..14) {
                     0 => f64::NAN,
+                    1 => -f64::NAN,
+                    2 => -0.0,
+                    3 => f64::INFINITY,
+                    4 => f64::NEG_INFINITY,
                     v => f64::from(v % 4),
                 })
                 .collect();
