@@ -82,8 +82,10 @@ pub struct FleetArgs {
     /// Directory for one request log per row (`<workload>-<router>.tsv`, every
     /// router, so a peer's requests can be set beside kvroute's): each
     /// request's start, TTFT and E2E (simulated ms), answering pod, its TTFT
-    /// in wall ms (`ttft_wall_ms`: the unit of the debug header's predictions)
-    /// and, for kvroute rows, its debug header (its decision, the best
+    /// in wall ms (`ttft_wall_ms`: the unit of the debug header's predictions),
+    /// the engine's count of its prompt tokens and of those served from its
+    /// prefix cache (when the engine reports them) and, for kvroute rows, its
+    /// debug header (its decision, the best
     /// candidates' scores and, with `predicted_ttft` or a move by cost, their
     /// predictions; empty for other routers). Turns `debug_header` on in every
     /// kvroute variant.

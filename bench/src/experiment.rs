@@ -365,16 +365,20 @@ pub async fn run_one(
 /// Times are simulated ms, as everywhere in the bench's reports, except
 /// `ttft_wall_ms`: the same TTFT in wall ms, the unit of the predictions
 /// in kvroute's debug header (`decision`), so the two compare directly.
+/// `prompt_tokens` and `cached_tokens` are the engine's own count of the
+/// prompt and of its part served from the prefix cache (empty when the
+/// engine does not report them): where a pod's requests hit, whatever
+/// router sent them, even when the pod that answered is not known.
 fn write_decisions(dir: &Path, stem: &str, exchanges: &[Exchange], time_scale: f64) -> Result<()> {
     use std::fmt::Write as _;
     std::fs::create_dir_all(dir)?;
     let mut out =
-        String::from("session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tttft_wall_ms\tdecision\n");
+        String::from("session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tttft_wall_ms\tprompt_tokens\tcached_tokens\tdecision\n");
     for x in exchanges {
         let ms = |t: Option<f64>| t.map(|t| format!("{t:.1}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "{}\t{}\t{:.1}\t{}\t{:.1}\t{}\t{}\t{}",
+            "{}\t{}\t{:.1}\t{}\t{:.1}\t{}\t{}\t{}\t{}\t{}",
             x.session,
             x.step,
             x.started.as_secs_f64() * 1000.0 / time_scale,
@@ -382,6 +386,8 @@ fn write_decisions(dir: &Path, stem: &str, exchanges: &[Exchange], time_scale: f
             x.e2e_ms,
             x.pod.map(|p| p.to_string()).unwrap_or_default(),
             ms(x.ttft_ms.map(|t| t * time_scale)),
+            x.prompt.map(|p| p.tokens.to_string()).unwrap_or_default(),
+            x.prompt.map(|p| p.cached.to_string()).unwrap_or_default(),
             x.decision.as_deref().unwrap_or(""),
         );
     }
@@ -394,6 +400,7 @@ fn write_decisions(dir: &Path, stem: &str, exchanges: &[Exchange], time_scale: f
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::PromptCount;
 
     fn exchange(step: usize, ttft_ms: Option<f64>, decision: Option<&str>) -> Exchange {
         Exchange {
@@ -407,6 +414,10 @@ mod tests {
             pod: ttft_ms.map(|_| 1),
             decision: decision.map(str::to_owned),
             blocks: RequestBlocks::new("", "", 16),
+            prompt: ttft_ms.map(|_| PromptCount {
+                tokens: 300,
+                cached: 256,
+            }),
         }
     }
 
@@ -423,16 +434,16 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tttft_wall_ms\tdecision"
+            "session\tstep\tstart_ms\tttft_ms\te2e_ms\tpod\tttft_wall_ms\tprompt_tokens\tcached_tokens\tdecision"
         );
         // 10 wall ms at time scale 0.25 is 40 simulated ms; a simulated
         // TTFT of 50 ms is 12.5 wall ms, the unit of kvroute's predictions.
         assert_eq!(
             lines[1],
-            "3\t0\t40.0\t50.0\t120.0\t1\t12.5\tendpoint=127.0.0.1:1; reason=Cold"
+            "3\t0\t40.0\t50.0\t120.0\t1\t12.5\t300\t256\tendpoint=127.0.0.1:1; reason=Cold"
         );
-        // A failed request: no TTFT, no pod, no decision.
-        assert_eq!(lines[2], "3\t1\t40.0\t\t120.0\t\t\t");
+        // A failed request: no TTFT, no pod, no count, no decision.
+        assert_eq!(lines[2], "3\t1\t40.0\t\t120.0\t\t\t\t\t");
         assert_eq!(lines.len(), 3);
     }
 }

@@ -60,6 +60,40 @@ pub struct Exchange {
     pub decision: Option<String>,
     /// Block keys of the prompt and prompt + answer (theoretical maximum).
     pub blocks: RequestBlocks,
+    /// The engine's own count of the prompt: its tokens and those it
+    /// served from its prefix cache, when it reports them ([`Answer`]).
+    pub prompt: Option<PromptCount>,
+}
+
+/// A prompt as the engine that answered counted it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptCount {
+    /// Prompt tokens.
+    pub tokens: u64,
+    /// Of them, served from the engine's prefix cache.
+    pub cached: u64,
+}
+
+impl PromptCount {
+    /// From a stream chunk: OpenAI's `usage.prompt_tokens` and
+    /// `usage.prompt_tokens_details.cached_tokens` (vLLM, SGLang,
+    /// kvroute-sim, llama.cpp), else llama.cpp's `timings` (`prompt_n`
+    /// tokens computed, `cache_n` reused).
+    fn of(v: &serde_json::Value) -> Option<PromptCount> {
+        let u = &v["usage"];
+        if let (Some(tokens), Some(cached)) = (
+            u["prompt_tokens"].as_u64(),
+            u["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        ) {
+            return Some(PromptCount { tokens, cached });
+        }
+        let t = &v["timings"];
+        let (computed, cached) = (t["prompt_n"].as_u64()?, t["cache_n"].as_u64()?);
+        Some(PromptCount {
+            tokens: computed + cached,
+            cached,
+        })
+    }
 }
 
 /// The model name sent to the sim (it accepts any).
@@ -77,6 +111,8 @@ pub struct Answer {
     pub pod: Option<usize>,
     /// kvroute's debug header ([`DEBUG_HEADER`]), when configured.
     pub decision: Option<String>,
+    /// The prompt as the engine counted it, when it says.
+    pub prompt: Option<PromptCount>,
 }
 
 /// The debug header a run with `matrix --decisions-log` configures.
@@ -136,6 +172,7 @@ pub async fn complete_as(
         tokens: 0,
         pod,
         decision,
+        prompt: None,
     };
     let mut usage_tokens = None;
     let mut buf: Vec<u8> = Vec::new();
@@ -167,6 +204,7 @@ pub async fn complete_as(
             if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                 usage_tokens = Some(n);
             }
+            ans.prompt = PromptCount::of(&v).or(ans.prompt);
         }
     }
     if !done {
@@ -219,6 +257,7 @@ async fn run_session(
                     pod: ans.pod,
                     decision: ans.decision,
                     blocks: RequestBlocks::new(&history, &ans.text, s.block_size),
+                    prompt: ans.prompt,
                 });
                 history.push_str(&ans.text);
             }
@@ -238,6 +277,7 @@ async fn run_session(
                     pod: None,
                     decision: None,
                     blocks: RequestBlocks::new(&history, "", s.block_size),
+                    prompt: None,
                 });
                 // The rest of the conversation depends on this answer: count it as failed.
                 pb.inc((session.steps.len() - k - 1) as u64);
@@ -315,4 +355,31 @@ pub async fn run(
     }
     all.sort_by_key(|e| e.started);
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_prompt_count_is_read_from_usage_or_llama_cpp_timings() {
+        let usage = json!({"usage": {"prompt_tokens": 300, "completion_tokens": 16,
+            "prompt_tokens_details": {"cached_tokens": 256}}});
+        let want = Some(PromptCount {
+            tokens: 300,
+            cached: 256,
+        });
+        assert_eq!(PromptCount::of(&usage), want);
+        // llama.cpp's timings: tokens computed and tokens reused.
+        let timings = json!({"choices": [], "timings": {"prompt_n": 44, "cache_n": 256}});
+        assert_eq!(PromptCount::of(&timings), want);
+        // Usage without the details (an engine that does not say) and a
+        // text chunk: no count.
+        assert_eq!(
+            PromptCount::of(&json!({"usage": {"prompt_tokens": 300}})),
+            None
+        );
+        assert_eq!(PromptCount::of(&json!({"choices": [{"text": "hi"}]})), None);
+    }
 }
