@@ -85,10 +85,9 @@ pub struct FleetArgs {
     /// in wall ms (`ttft_wall_ms`: the unit of the debug header's predictions),
     /// the engine's count of its prompt tokens and of those served from its
     /// prefix cache (when the engine reports them) and, for kvroute rows, its
-    /// debug header (its decision, the best
-    /// candidates' scores and, with `predicted_ttft` or a move by cost, their
-    /// predictions; empty for other routers). Turns `debug_header` on in every
-    /// kvroute variant.
+    /// debug header (its decision, the best candidates' scores and, with
+    /// `predicted_ttft` or a move by cost, their predictions; empty for other
+    /// routers). Turns `debug_header` on in every kvroute variant.
     #[arg(long)]
     pub decisions_log: Option<PathBuf>,
     /// Per-request timeout, wall seconds.
