@@ -188,7 +188,7 @@ impl SharedStore {
         read_value(&self.inflight, InFlightTable::decode)
     }
 
-    /// In-flight accounting with its CAS token, for [`Self::update_inflight_from`].
+    /// In-flight accounting with its CAS token, for [`Self::commit_inflight`].
     pub fn inflight_snapshot(&self) -> Snapshot<InFlightTable> {
         let (bytes, cas) = get(&self.inflight);
         Snapshot {
@@ -200,22 +200,26 @@ impl SharedStore {
     }
 
     /// Applies `f` to a table read by [`Self::inflight_snapshot`] and writes
-    /// it if nobody changed it since (one host call instead of a read and a
-    /// write); otherwise falls back to [`Self::update_inflight`]. Returns the
-    /// table written.
-    pub fn update_inflight_from(
+    /// it if no VM changed the table since (one host call): `Ok`. `Err`
+    /// with the table as it is now when one did, nothing written: a
+    /// decision made on the old table did not see that change.
+    pub fn commit_inflight(
         &self,
         snapshot: Snapshot<InFlightTable>,
-        mut f: impl FnMut(&mut InFlightTable),
-    ) -> InFlightTable {
-        if snapshot.cas.is_some() {
-            let mut table = snapshot.value;
-            f(&mut table);
-            if set_shared_data(&self.inflight, Some(&table.encode()), snapshot.cas).is_ok() {
-                return table;
+        f: impl FnOnce(&mut InFlightTable),
+    ) -> Result<(), Snapshot<InFlightTable>> {
+        let mut table = snapshot.value;
+        f(&mut table);
+        // Absent keys ignore CAS (`set_shared_data` without a token
+        // writes): only a token read proves the table unchanged.
+        match snapshot.cas {
+            Some(cas)
+                if set_shared_data(&self.inflight, Some(&table.encode()), Some(cas)).is_ok() =>
+            {
+                Ok(())
             }
+            _ => Err(self.inflight_snapshot()),
         }
-        self.update_inflight(f)
     }
 
     /// Updates the in-flight accounting; returns the table written.

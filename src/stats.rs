@@ -54,6 +54,10 @@ pub enum Counter {
     /// slower than the fleet's fastest (`scheduling.decode_speed`; also
     /// counted under their reason).
     DecisionMovedByDecode,
+    /// Decisions made again because another worker changed the in-flight
+    /// table while they were being made (`VmState::route`): the first one
+    /// had not seen that change.
+    DecisionRedecided,
     /// Engine restarts seen by the scraper (an endpoint's prompt-token
     /// counter went down): the prefix index forgets what it held there.
     EngineRestarts,
@@ -140,7 +144,7 @@ pub enum Counter {
     ShadowCachedTokensBalancer,
 }
 
-const COUNTERS: [(Counter, &str); 50] = [
+const COUNTERS: [(Counter, &str); 51] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -166,6 +170,7 @@ const COUNTERS: [(Counter, &str); 50] = [
         Counter::DecisionMovedByDecode,
         "kvroute.decision.moved_by_decode",
     ),
+    (Counter::DecisionRedecided, "kvroute.decision.redecided"),
     (Counter::EngineRestarts, "kvroute.engine_restarts"),
     (Counter::EngineCounterFlaps, "kvroute.engine_counter_flaps"),
     (

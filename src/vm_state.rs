@@ -33,6 +33,12 @@ const FALLBACKS: usize = 2;
 // The fallbacks come from the scores a decision keeps.
 const _: () = assert!(FALLBACKS < kvroute_core::scheduler::SCORES_KEPT);
 
+/// Times a decision is made again when another VM changed the in-flight
+/// table while it was made (`VmState::route`). Each costs a table read and
+/// a decision; past them the last decision is counted on the table as it
+/// is (the count stays exact, the decision missed a concurrent one).
+const REDECISIONS: u64 = 4;
+
 /// The outcome of routing one request, kept by its HTTP context for the
 /// request's life (a stream can last minutes). Its size does not grow with
 /// the pool: the decision's per-candidate scores and predictions are
@@ -375,19 +381,51 @@ impl VmState {
         if let Some(&first) = blocks.first() {
             self.apply_deferred(Some(first));
         }
-        // Read with its CAS token: the update after the decision is then
-        // one write when no other worker changed the table meanwhile.
-        let snapshot = self.store.inflight_snapshot();
-        let decision = self.router.decide_in(
-            scope,
-            prompt,
-            prompt_tokens,
-            &self.states,
-            &self.outliers,
-            with_peers(&snapshot.value, &self.peer_load),
-            now_ms,
-            &mut self.rng,
-        )?;
+        // Decided on the in-flight table it is counted in: the table is
+        // read with its CAS token and the request is added to it only if
+        // no other VM changed it since. When one did (another worker
+        // routed in the same microseconds, or counted a response), this
+        // decision had not seen that change; two workers deciding on the
+        // same table send a burst of new requests to the same least-loaded
+        // endpoint. The decision is then made again on the table as it is
+        // now, at most `REDECISIONS` times, then counted as it stands.
+        let shadow_mode = self.config().shadow;
+        let mut snapshot = self.store.inflight_snapshot();
+        let mut redecided = 0;
+        let decision = loop {
+            let decision = self.router.decide_in(
+                scope,
+                prompt,
+                prompt_tokens,
+                &self.states,
+                &self.outliers,
+                with_peers(&snapshot.value, &self.peer_load),
+                now_ms,
+                &mut self.rng,
+            )?;
+            if shadow_mode {
+                break decision;
+            }
+            let (endpoint, tokens) = (
+                decision.endpoint,
+                self.router.uncached_tokens(&decision, prompt_tokens),
+            );
+            let add = move |t: &mut InFlightTable| t.add(endpoint, tokens, now_ms);
+            match self.store.commit_inflight(snapshot, add) {
+                Ok(()) => break decision,
+                Err(now) if redecided < REDECISIONS => {
+                    snapshot = now;
+                    redecided += 1;
+                }
+                Err(_) => {
+                    self.store.update_inflight(add);
+                    break decision;
+                }
+            }
+        };
+        if redecided > 0 {
+            self.stats.add(Counter::DecisionRedecided, redecided);
+        }
         let endpoint = decision.endpoint;
         let tokens = self.router.uncached_tokens(&decision, prompt_tokens);
         if request.is_some() {
@@ -419,8 +457,6 @@ impl VmState {
             }
         }
         if shadow.is_none() {
-            self.store
-                .update_inflight_from(snapshot, |t| t.add(endpoint, tokens, now_ms));
             self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
         }
         self.stats.inc(Counter::Routed);
