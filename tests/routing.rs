@@ -1,7 +1,7 @@
 //! Routing quality through the real Envoy and real kvroute-sim pods
 //! (issue: routing core): multi-turn affinity, avoiding a hot pod, several
-//! workers, exactly one scraper, dead pods, cold bursts (through one worker
-//! and through two), unreadable metrics and pods that fail requests
+//! workers, exactly one scraper, dead pods, cold bursts (through one worker,
+//! two, and four deciding at once), unreadable metrics and pods that fail requests
 //! (passive health).
 
 mod support;
@@ -286,11 +286,11 @@ fn f_a_cold_burst_through_two_workers_spreads_evenly() {
     // Six new conversations at once through two Envoy workers, all still
     // running when the last arrives: the scrapes (1 s apart) cannot see
     // them, kvroute's shared in-flight table does. Within the cold load
-    // bound the least recently picked endpoint wins, but recency is in
-    // milliseconds and these picks share one or two: a coin flip among
-    // them gave a pod a second conversation while another had none (in 8
-    // runs of 14 before the requests in flight broke such ties), and on an
-    // engine with few slots that request waits for a whole answer.
+    // bound the endpoint with the fewest requests in flight wins. When
+    // recency decided, in milliseconds, these picks shared one or two, and
+    // a coin flip among them gave a pod a second conversation while
+    // another had none (8 runs of 14), and on an engine with few slots
+    // that request waits for a whole answer.
     let burst = cold_burst(3, 6, 600, 200);
     let shortest = burst.iter().map(|&(_, took)| took).min().unwrap();
     assert!(
@@ -463,4 +463,77 @@ fn in_shadow_mode_envoy_routes_and_kvroute_follows_where_prompts_went() {
         .collect();
     assert_eq!(inflight.len(), 3, "{metrics}");
     assert!(inflight.iter().all(|l| l.ends_with(" 0")), "{inflight:?}");
+}
+
+#[test]
+fn f_bursts_routed_by_four_workers_at_once_spread_evenly() {
+    // Eight new conversations at once, released together to four Envoy
+    // workers, twenty times over. A worker decided on the in-flight table
+    // as it had read it: two workers deciding in the same microseconds did
+    // not see each other's pick and could both take the same least
+    // recently picked pod (3 to 6 of 20 such bursts were uneven). Now a
+    // decision is made again on the table it is counted in, and within the
+    // cold margin the fewest requests in flight win before recency (kept
+    // per worker and in milliseconds, it gave a pod a third request in
+    // about 1 burst of 100 that crossed a millisecond). Only bursts whose
+    // requests were all in flight together count: a request sent after
+    // another had finished may rightly join its pod.
+    let sim = Sim::start(4, &["--time-scale", "1", "--kv-blocks", "100000"]);
+    // One scrape, at start: a scrape landing mid-burst reaches each
+    // worker at its own tick, and workers that see different loads may
+    // rightly decide differently.
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({
+            "debug_header": "x-kvroute-debug",
+            "metrics": {"scrape_interval_ms": 60_000, "stale_after_ms": 120_000},
+        }),
+        4,
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    let url = envoy.url("/v1/completions");
+    let (mut together, mut uneven) = (0, Vec::new());
+    for round in 0..20 {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (url, barrier) = (url.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let prompt = format!("round {round} burst {i} {}", "z".repeat(600));
+                    let body = json!({"model": MODEL, "max_tokens": 60, "prompt": prompt});
+                    barrier.wait();
+                    let sent = std::time::Instant::now();
+                    let r = post_json(&url, &body);
+                    let decision = r.header("x-kvroute-debug").unwrap_or("").to_owned();
+                    let pod = r.pod().expect("pool pod");
+                    (pod, sent, std::time::Instant::now(), decision)
+                })
+            })
+            .collect();
+        let burst: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let last_sent = burst.iter().map(|b| b.1).max().unwrap();
+        let first_done = burst.iter().map(|b| b.2).min().unwrap();
+        if last_sent < first_done {
+            together += 1;
+            let mut per_pod = [0; 4];
+            for b in &burst {
+                per_pod[b.0] += 1;
+            }
+            if per_pod != [2, 2, 2, 2] {
+                let decisions: Vec<String> = burst.into_iter().map(|b| b.3).collect();
+                uneven.push((round, per_pod, decisions));
+            }
+        }
+        // The answers' ends reach the in-flight table after the client's.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        together >= 12,
+        "only {together} of 20 bursts were in flight together"
+    );
+    assert!(
+        uneven.is_empty(),
+        "{} of {together} bursts were uneven: {uneven:#?}",
+        uneven.len()
+    );
 }

@@ -448,7 +448,8 @@ pub struct SchedulingConfig {
     pub min_range_tokens: f64,
     /// Cold requests (no prefix match anywhere): endpoints within this
     /// fraction of the total weight of the best score count as equal, and
-    /// the least recently picked of them wins.
+    /// the one with the fewest requests in flight wins, then the least
+    /// recently picked.
     pub cold_margin: f64,
     /// `weighted` and `affinity_gate`: when their pick leaves the holder
     /// of the longest prefix for load and would prefill again at least

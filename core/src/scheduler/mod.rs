@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! candidates --filters--> kept --scorers (clamp 0..1, x weight, sum)--> score per kept
-//!            --picker (max; ties and cold: rendezvous hash with peers, else random / least recently picked, then fewest in flight)--> Decision
+//!            --picker (max; ties and cold: rendezvous hash with peers, else random / fewest in flight, then least recently picked)--> Decision
 //! ```
 //!
 //! Layout: contracts in [`plugin`], one file per filter in [`filter`] and

@@ -23,22 +23,25 @@
 //! (each costs `inflight_requests / min_range_inflight` = 0.25) drops out
 //! of the set, and a burst of new conversations between two scrapes spreads
 //! over the pool instead of piling on one endpoint. Among the acceptable
-//! ones: the rendezvous choice (with a key), else the least recently
-//! picked, which rotates a burst, and among those picked in the same
-//! millisecond (a burst's picks mostly are) the fewest of kvroute's
-//! requests in flight (every Envoy worker's); ties at random. Without that
-//! second key the picks of one millisecond tie, and a coin flip among them
-//! can give an endpoint a second new conversation while another has none.
-//! It did in about half the runs of a burst of 6 over 3 endpoints through 2
-//! workers (`tests/routing.rs`); on an engine with 2 slots the request then
-//! waits for a whole answer.
+//! ones: the rendezvous choice (with a key), else the one with the fewest
+//! of kvroute's requests in flight (every Envoy worker's, the freshest
+//! load there is), and among those the least recently picked, which
+//! rotates new conversations over equally loaded endpoints; ties at
+//! random. Recency came first until 6 Dec 2026: it is kept in
+//! milliseconds and per worker, so a burst's picks mostly tie on it, and
+//! a burst that crossed a millisecond could give an endpoint a second new
+//! conversation, even a third, while another had one (about 1 burst of 8
+//! in 100 through 4 workers; a coin flip among the tied ones did so in
+//! about half the runs of a burst of 6 over 3 endpoints through 2 workers,
+//! `tests/routing.rs`). On an engine with 2 slots that request waits for a
+//! whole answer.
 //!
 //! ```text
 //! best  = max score
 //! near  = { i | score_i >= best - eps }                 (warm)
 //!         { i | score_i >= best - margin }              (cold)
 //! key:    argmax_{i in near} xxh3(endpoint_i, seed = key)
-//! no key: cold: near = argmin_{i in near} (last_picked_ms_i, inflight_i)
+//! no key: cold: near = argmin_{i in near} (inflight_i, last_picked_ms_i)
 //!               (lexicographic; never picked first);
 //!         uniformly at random in near
 //! ```
@@ -50,18 +53,18 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// Scores within this of each other are equal (floating-point noise).
 pub const EPS: f64 = 1e-9;
 
-/// How a cold pick orders the acceptable candidates, lowest first: the
-/// least recently picked (never picked first), then the fewest requests
-/// in flight. Recency is in milliseconds, and a burst makes many picks in
-/// one: without the second key they tie, and the pick among them is a
-/// coin flip that can land on an endpoint already given one.
+/// How a cold pick orders the acceptable candidates, lowest first (the
+/// fields in order): the fewest requests in flight, then the least
+/// recently picked (never picked first). Recency is in milliseconds and
+/// per worker: the picks of a burst, made in one or two of them by
+/// several workers, do not tell apart on it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ColdRank {
+    /// kvroute's requests in flight on it (every worker's).
+    pub inflight: u32,
     /// When the endpoint was last picked (ms; this worker's picks and the
     /// others' it has replayed), if ever.
     pub last_picked_ms: Option<u64>,
-    /// kvroute's requests in flight on it (every worker's).
-    pub inflight: u32,
 }
 
 /// Index (into `scores`) of the picked candidate; `None` when empty.
@@ -233,7 +236,7 @@ mod tests {
     );
 
     #[test]
-    fn cold_prefers_least_recently_picked_then_fewest_in_flight_within_margin() {
+    fn cold_prefers_fewest_in_flight_then_least_recently_picked_within_margin() {
         // (scores, (last picked, in flight), margin, allowed picks)
         let cases: &[Case] = &[
             (
@@ -256,9 +259,17 @@ mod tests {
             ),
             (&[5.0, 4.0], &[(Some(10), 0), (None, 0)], 0.5, &[0]),
             (&[5.0, 4.9], &[(Some(1), 0), (None, 0)], 0.0, &[0]),
-            // Recency first: an endpoint picked longer ago wins with more
-            // requests in flight.
-            (&[5.0, 4.8], &[(Some(10), 0), (Some(3), 1)], 0.5, &[1]),
+            // In flight first: an endpoint picked longer ago loses with
+            // more requests in flight ...
+            (&[5.0, 4.8], &[(Some(10), 0), (Some(3), 1)], 0.5, &[0]),
+            // ... and a burst that crossed a millisecond does not give the
+            // endpoint picked in the earlier one a third request.
+            (
+                &[4.6, 4.8, 4.8],
+                &[(Some(7), 2), (Some(8), 1), (Some(8), 1)],
+                0.5,
+                &[1, 2],
+            ),
             // Picks in the same millisecond: the fewest in flight, not a
             // coin flip.
             (
