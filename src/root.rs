@@ -14,6 +14,7 @@ use crate::vm_state::VmState;
 use kvroute_core::config::Config;
 use kvroute_core::discovery::cluster_members;
 use kvroute_core::endpoint::Endpoint;
+use kvroute_core::engine_slots::{self, SlotAsks};
 use kvroute_core::metrics::schedule::{self, ListingSchedule, ScrapeSchedule};
 use kvroute_core::metrics::scrape::{classify, ScrapeOutcome};
 use kvroute_core::models::served::{self, ListingOutcome, ServedModels};
@@ -35,6 +36,9 @@ enum Call {
     Scrape(Endpoint),
     /// `GET /v1/models` of an endpoint (`models` entries without endpoints).
     ListModels(Endpoint),
+    /// An endpoint's slot count, where its engine reports one
+    /// (`engine_slots.rs`: llama.cpp's `GET /props`).
+    EngineSlots(Endpoint),
     /// `GET /clusters?format=json` of Envoy's admin API.
     Discovery,
     /// A sync request to a member of the peers cluster.
@@ -73,6 +77,13 @@ pub struct KvRouteRoot {
     list_schedule: ListingSchedule,
     /// `/v1/models` answers not yet published (with `answers`).
     listings: Vec<(Endpoint, ListingOutcome, u64)>,
+    /// Where each endpoint whose last readable scrape came from an engine
+    /// that reports its slot count answers it.
+    slot_paths: HashMap<Endpoint, &'static str>,
+    /// When each of those was last asked.
+    slot_asks: SlotAsks,
+    /// Slot counts read and not yet published (with `answers`).
+    slot_counts: Vec<(Endpoint, u32)>,
     /// Scrape answers not yet published to shared data: they are written
     /// in one update once every scrape in flight has answered (or on the
     /// next tick), not one rewrite of the whole pool's state per answer.
@@ -265,6 +276,68 @@ impl KvRouteRoot {
         }
     }
 
+    /// Asks the endpoints whose engine reports its slot count and has not
+    /// told it yet (or not since it restarted) for it, each at most once a
+    /// `engine_slots::RETRY_MS`, paid from the scrape budget.
+    fn ask_engine_slots(&mut self, state: &VmState, now: u64) {
+        let cfg = state.config();
+        if !(cfg.metrics.ask_engine_slots && cfg.scheduling.slot_wait) || self.slot_paths.is_empty()
+        {
+            return;
+        }
+        let pool = state.router.pool();
+        self.slot_paths.retain(|e, _| pool.binary_search(e).is_ok());
+        self.slot_asks.retain(pool);
+        let due: Vec<(Endpoint, &'static str)> = self
+            .slot_paths
+            .iter()
+            .filter(|(e, _)| {
+                self.slot_asks
+                    .due(e, state.states.engine_slots(**e).is_some(), now)
+            })
+            .map(|(e, p)| (*e, *p))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        self.schedule.spend(due.len(), pool.len());
+        for (endpoint, path) in due {
+            self.slot_asks.asked(endpoint, now);
+            self.get(
+                cfg,
+                endpoint,
+                path,
+                "application/json",
+                Call::EngineSlots(endpoint),
+            );
+        }
+    }
+
+    fn on_engine_slots(&mut self, endpoint: Endpoint, answer: CallAnswer) {
+        let Some(state) = self.state.clone() else {
+            return;
+        };
+        let status = self.call_status(answer);
+        let body = self.call_body(answer, engine_slots::MAX_BODY_BYTES);
+        let mut state = state.borrow_mut();
+        match engine_slots::read_total_slots(status, body.as_deref()) {
+            Ok(n) => {
+                state.stats.inc(Counter::EngineSlotsRead);
+                state
+                    .stats
+                    .endpoint_gauge(endpoint, EndpointGauge::EngineSlots, u64::from(n));
+                self.slot_counts.push((endpoint, n));
+            }
+            Err(e) => {
+                state.stats.inc(Counter::EngineSlotsFailure);
+                debug!(
+                    "kvroute: no slot count from {endpoint}: {e:?}; asked again in {} s",
+                    engine_slots::RETRY_MS / 1000
+                );
+            }
+        }
+    }
+
     /// Asks Envoy's admin API for the members of the upstream cluster
     /// (discovery on) and of the peers cluster (peers on).
     fn discover(&mut self, state: &VmState, now: u64) {
@@ -388,6 +461,12 @@ impl KvRouteRoot {
             }
         }
         let outcome = classify(status, body.as_deref(), &state.borrow().config().metrics);
+        if let ScrapeOutcome::Snapshot(r) = &outcome {
+            match r.slots_path {
+                Some(path) => self.slot_paths.insert(endpoint, path),
+                None => self.slot_paths.remove(&endpoint),
+            };
+        }
         self.answers.push((endpoint, outcome, now, own_at_dispatch));
         if self.scraping.is_empty() && self.listing.is_empty() {
             self.publish_answers(&mut state.borrow_mut());
@@ -397,11 +476,12 @@ impl KvRouteRoot {
     /// Writes the scrape answers gathered so far into the shared scrape
     /// state, in one update.
     fn publish_answers(&mut self, state: &mut VmState) {
-        if self.answers.is_empty() && self.listings.is_empty() {
+        if self.answers.is_empty() && self.listings.is_empty() && self.slot_counts.is_empty() {
             return;
         }
         let answers = std::mem::take(&mut self.answers);
         let listings = std::mem::take(&mut self.listings);
+        let slot_counts = std::mem::take(&mut self.slot_counts);
         let pool = state.router.pool().to_vec();
         let threshold = state.config().metrics.unhealthy_after_failures;
         let flap_window = schedule::flap_window_ms(&state.config().metrics, pool.len());
@@ -439,6 +519,11 @@ impl KvRouteRoot {
                     back.push(endpoint);
                 }
             }
+            for &(endpoint, slots) in &slot_counts {
+                if pool.binary_search(&endpoint).is_ok() {
+                    t.engine_slots_read(endpoint, slots);
+                }
+            }
             for (endpoint, outcome, at) in &listings {
                 // An endpoint that left the pool meanwhile is not added back.
                 if let (ListingOutcome::Listed { ids, .. }, true) =
@@ -451,6 +536,8 @@ impl KvRouteRoot {
         for (endpoint, news) in dropped {
             if news == CounterNews::Restarted {
                 state.stats.inc(Counter::EngineRestarts);
+                // It may run with another slot count: asked again.
+                self.slot_asks.forget(&endpoint);
                 warn!("kvroute: the engine at {endpoint} restarted (its prompt-token counter went down); every worker forgets the prefixes it cached");
                 continue;
             }
@@ -528,6 +615,7 @@ impl Context for KvRouteRoot {
         match self.pending.remove(&token_id) {
             Some(Call::Scrape(endpoint)) => self.on_scrape(endpoint, answer),
             Some(Call::ListModels(endpoint)) => self.on_list_models(endpoint, answer),
+            Some(Call::EngineSlots(endpoint)) => self.on_engine_slots(endpoint, answer),
             Some(Call::Discovery) => self.on_discovery(answer),
             Some(Call::PeerSync(member)) => self.on_peer_answer(member, answer),
             None => {}
@@ -571,6 +659,9 @@ impl RootContext for KvRouteRoot {
         self.listing.clear();
         self.listings.clear();
         self.list_schedule = ListingSchedule::default();
+        self.slot_paths.clear();
+        self.slot_asks = SlotAsks::default();
+        self.slot_counts.clear();
         if self.role == Role::Router {
             self.set_tick_period(interval);
         }
@@ -592,6 +683,7 @@ impl RootContext for KvRouteRoot {
             self.discover(&state, now);
             self.scrape(&state, now);
             self.list_models(&state, now);
+            self.ask_engine_slots(&state, now);
             self.sync_peers(&state, now);
             state.publish_inflight_gauges(now);
             // Once a scrape period (every tick for a pool within budget).

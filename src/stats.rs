@@ -129,6 +129,11 @@ pub enum Counter {
     ModelsListFailure,
     /// `GET /v1/models` answers listing more ids than are kept (64).
     ModelsListTruncated,
+    /// Slot counts read from engines that report one (llama.cpp's
+    /// `GET /props`).
+    EngineSlotsRead,
+    /// Asks for an engine's slot count unanswered, or answered without one.
+    EngineSlotsFailure,
     /// Per-endpoint stat updates not recorded: the endpoint came after
     /// `per_endpoint_stats` others.
     EndpointStatsDropped,
@@ -144,7 +149,7 @@ pub enum Counter {
     ShadowCachedTokensBalancer,
 }
 
-const COUNTERS: [(Counter, &str); 51] = [
+const COUNTERS: [(Counter, &str); 53] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -204,6 +209,8 @@ const COUNTERS: [(Counter, &str); 51] = [
     (Counter::Shed, "kvroute.shed"),
     (Counter::ModelUnavailable, "kvroute.model_unavailable"),
     (Counter::ModelsListRead, "kvroute.models_list.read"),
+    (Counter::EngineSlotsRead, "kvroute.engine_slots.read"),
+    (Counter::EngineSlotsFailure, "kvroute.engine_slots.failure"),
     (Counter::ModelsListFailure, "kvroute.models_list.failure"),
     (
         Counter::ModelsListTruncated,
@@ -248,6 +255,8 @@ pub enum EndpointGauge {
     SnapshotAgeMs,
     /// Waiting requests in the latest snapshot.
     Waiting,
+    /// The slot count its engine reported (`GET /props` on llama.cpp).
+    EngineSlots,
     /// 1 while its engine is believed to keep (almost) none of the prompts
     /// sent to it (`prefix.verify_engine_cache`), 0 once it keeps them again.
     CacheDistrusted,
@@ -260,6 +269,7 @@ impl EndpointGauge {
             EndpointGauge::Healthy => "healthy",
             EndpointGauge::SnapshotAgeMs => "snapshot_age_ms",
             EndpointGauge::Waiting => "waiting",
+            EndpointGauge::EngineSlots => "engine_slots",
             EndpointGauge::CacheDistrusted => "cache_distrusted",
         }
     }

@@ -348,7 +348,9 @@ fn error_answers_do_not_teach_the_model_a_pod_is_fast() {
 /// without a limit known the next turn stays and waits for the answer to
 /// end. The limit (1) is known either from the holder's scrapes, which
 /// show requests queued at that count scrape after scrape, or from
-/// `scheduling.engine_slots` before any scrape could show it. Then the
+/// `scheduling.engine_slots` before any scrape could show it, or from the
+/// engine itself (llama.cpp's `GET /props`, kvroute-sim's with `--engine
+/// llamacpp`), with nothing configured. Then the
 /// wait for the slot (whole requests, 1 s each until streams teach
 /// otherwise) costs more than prefilling the conversation on the free pod,
 /// even charged twice, and the turn moves there, saying so.
@@ -359,20 +361,44 @@ fn slot_wait_moves_a_turn_off_a_holder_whose_slots_are_taken() {
         json!({"model": MODEL, "max_tokens": max_tokens, "stream": stream,
                "prompt": format!("{history} turn {n}")})
     };
-    // (scheduling config, requests the holder's scrapes show queued, moved)
+    // (engine, scheduling config, requests the holder's scrapes show
+    // queued, moved)
     let cases = [
-        (json!({"slot_wait": false}), 2, false),
-        (json!({"slot_wait": true}), 2, true),
-        (json!({}), 0, false),
-        (json!({"engine_slots": 1}), 0, true),
+        ("vllm", json!({"slot_wait": false}), 2, false),
+        ("vllm", json!({"slot_wait": true}), 2, true),
+        ("vllm", json!({}), 0, false),
+        ("vllm", json!({"engine_slots": 1}), 0, true),
+        ("llamacpp", json!({}), 0, true),
     ];
-    for (scheduling, queued, moved) in cases {
-        let sim = Sim::start(2, &["--max-num-seqs", "1", "--time-scale", "0.2"]);
+    for (engine, scheduling, queued, moved) in cases {
+        let args = [
+            "--max-num-seqs",
+            "1",
+            "--time-scale",
+            "0.2",
+            "--engine",
+            engine,
+        ];
+        let sim = Sim::start(2, &args);
         let envoy = Envoy::start(
             &sim.endpoints(),
             json!({"debug_header": DEBUG, "scheduling": scheduling}),
             1,
         );
+        if engine == "llamacpp" {
+            // Each pod's slot count, from its /props.
+            let start = std::time::Instant::now();
+            while envoy.stat("wasmcustom.kvroute.engine_slots.read") < 2.0 {
+                assert!(start.elapsed().as_secs() < 10, "{}", envoy.log());
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            for ep in sim.endpoints() {
+                let label = ep.replace(['.', ':'], "_");
+                let gauge = format!("wasmcustom.kvroute.endpoint.{label}.engine_slots");
+                assert_eq!(envoy.stat(&gauge), 1.0, "{gauge}");
+            }
+            assert_eq!(envoy.stat("wasmcustom.kvroute.engine_slots.failure"), 0.0);
+        }
         // Short requests first (the queued ones are priced at their size).
         route_ten(&envoy, "short", 4);
         let first = post_json(&envoy.url("/v1/completions"), &turn(1, 1, false));

@@ -109,6 +109,14 @@ fn turn_two_lands_on_turn_one_pod_and_the_engine_reuses_its_cache() {
         "{}",
         envoy.log()
     );
+    // Each engine told its slot count (`-np 2`) through its real /props.
+    assert_eq!(envoy.stat("wasmcustom.kvroute.engine_slots.read"), 2.0);
+    assert_eq!(envoy.stat("wasmcustom.kvroute.engine_slots.failure"), 0.0);
+    for ep in &endpoints {
+        let label = ep.replace(['.', ':'], "_");
+        let gauge = format!("wasmcustom.kvroute.endpoint.{label}.engine_slots");
+        assert_eq!(envoy.stat(&gauge), 2.0, "{gauge}");
+    }
 }
 
 #[test]

@@ -25,6 +25,7 @@ pub mod config;
 pub mod decode_speed;
 pub mod discovery;
 pub mod endpoint;
+pub mod engine_slots;
 pub mod error_reply;
 pub mod float;
 pub mod inflight;

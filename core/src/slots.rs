@@ -39,6 +39,13 @@
 //!   first byte while others queue. (A client that does not stream gets
 //!   its first byte at the end: such traffic alone teaches no limit; set
 //!   `scheduling.engine_slots`.)
+//! - **Or the number the engine reports**: llama.cpp's `GET /props`
+//!   (`total_slots`, its `--parallel`), read by the scraper
+//!   (`engine_slots.rs`) and passed in by the router with
+//!   [`SlotLimits::report`]. It is the limit itself, so it takes the place
+//!   of a learnt or configured one from the first request on; only a
+//!   scrape showing more requests running than it sets it aside (the
+//!   number was not that endpoint's), as for a configured one.
 //! - **Or the limit the operator configured** (`scheduling.engine_slots`),
 //!   from the first request on, before any scrape could show a queue: a
 //!   gateway that starts in front of busy engines, or a burst of new
@@ -103,6 +110,8 @@ impl Seen {
 #[derive(Clone, Debug)]
 pub struct SlotLimits {
     seen: HashMap<Endpoint, Seen>,
+    /// The slot counts engines report ([`SlotLimits::report`]).
+    reported: HashMap<Endpoint, u32>,
     /// The limits that differ from `configured`, apart: a decision asks
     /// for every candidate's wait, and most fleets have none to find. 0:
     /// none (the endpoint ran more than the configured limit).
@@ -121,6 +130,7 @@ impl SlotLimits {
     pub fn new(learning_rate: f64, configured: Option<u32>) -> Self {
         SlotLimits {
             seen: HashMap::new(),
+            reported: HashMap::new(),
             limits: HashMap::new(),
             configured: configured.filter(|&c| c > 0),
             held_ms: LogMean::at(1000.0),
@@ -165,10 +175,45 @@ impl SlotLimits {
         } else {
             seen.queued_below = seen.queued_below.saturating_add(queued);
         }
-        // The configured limit holds until a count above it.
-        let limit = seen
-            .limit()
-            .or(self.configured.filter(|&c| seen.most_running <= c));
+        self.settle(endpoint);
+    }
+
+    /// The slot count the engine at `endpoint` reports (`None`: it
+    /// reports none, or no longer: its engine restarted and has not been
+    /// asked again). Cheap when nothing changed: the router passes every
+    /// endpoint's on every tick.
+    pub fn report(&mut self, endpoint: Endpoint, slots: Option<u32>) {
+        let slots = slots.filter(|&n| n > 0);
+        if self.reported.get(&endpoint).copied() == slots {
+            return;
+        }
+        match slots {
+            Some(n) => self.reported.insert(endpoint, n),
+            None => self.reported.remove(&endpoint),
+        };
+        self.settle(endpoint);
+    }
+
+    /// Whether some engine reported its slot count.
+    pub fn any_reported(&self) -> bool {
+        !self.reported.is_empty()
+    }
+
+    /// Sets `endpoint`'s limit from what is known of it: the number its
+    /// engine reports, else the one its scrapes taught, else the
+    /// configured one; a reported or configured number holds only until a
+    /// scrape shows more running than it.
+    fn settle(&mut self, endpoint: Endpoint) {
+        let seen = self.seen.get(&endpoint);
+        let most_running = seen.map_or(0, |s| s.most_running);
+        let within = |n: &u32| most_running <= *n;
+        let limit = self
+            .reported
+            .get(&endpoint)
+            .copied()
+            .filter(within)
+            .or(seen.and_then(Seen::limit))
+            .or(self.configured.filter(within));
         if limit == self.configured {
             self.limits.remove(&endpoint);
         } else {
@@ -208,16 +253,19 @@ impl SlotLimits {
         non_negative(present - limit + 1.0) / limit * self.held_ms()
     }
 
-    /// Forgets what `endpoint` showed (its engine restarted: it may run
-    /// with another limit; the configured one applies again).
+    /// Forgets what `endpoint` showed and reported (its engine restarted:
+    /// it may run with another limit; the configured one applies again
+    /// until its engine reports one).
     pub fn forget(&mut self, endpoint: &Endpoint) {
         self.seen.remove(endpoint);
+        self.reported.remove(endpoint);
         self.limits.remove(endpoint);
     }
 
     /// Forgets endpoints that left the pool (`pool` sorted).
     pub fn retain(&mut self, pool: &[Endpoint]) {
         self.seen.retain(|e, _| pool.binary_search(e).is_ok());
+        self.reported.retain(|e, _| pool.binary_search(e).is_ok());
         self.limits.retain(|e, _| pool.binary_search(e).is_ok());
     }
 }
@@ -404,5 +452,41 @@ mod tests {
         s.retain(&[a]);
         assert_eq!(s.limit(&b), None);
         assert!(s.seen.is_empty() && s.limits.is_empty());
+    }
+    #[test]
+    fn a_reported_slot_count_is_the_limit_until_a_scrape_shows_more_running() {
+        let mut s = SlotLimits::new(0.1, Some(8));
+        let (a, b) = (ep(1), ep(2));
+        // Reported before any scrape: the limit from the first request on,
+        // in the place of the configured one.
+        s.report(a, Some(2));
+        assert_eq!((s.limit(&a), s.limit(&b)), (Some(2), Some(8)));
+        assert!(s.any_reported());
+        assert!((s.wait_ms(&a, 2.0) - 500.0).abs() < 1e-6);
+        // It holds over a limit the scrapes would teach...
+        feed(&mut s, a, &[(1.0, 1.0); 2 * MIN_QUEUED as usize]);
+        assert_eq!(s.limit(&a), Some(2));
+        // ... and passing the same number again changes nothing.
+        s.report(a, Some(2));
+        assert_eq!(s.limit(&a), Some(2));
+        // A scrape with more running shows it was not this engine's: the
+        // configured one applies again, and what the scrapes teach.
+        feed(&mut s, a, &[(3.0, 0.0)]);
+        assert_eq!(s.limit(&a), Some(8));
+        feed(&mut s, a, &[(3.0, 1.0); MIN_QUEUED as usize]);
+        assert_eq!(s.limit(&a), Some(3));
+        // A count of 0 is no count; a report withdrawn leaves the rest.
+        s.report(b, Some(0));
+        assert_eq!(s.limit(&b), Some(8));
+        s.report(a, None);
+        assert_eq!(s.limit(&a), Some(3));
+        // A restart forgets the report too; so does leaving the pool.
+        s.report(a, Some(4));
+        s.forget(&a);
+        assert_eq!(s.limit(&a), Some(8));
+        s.report(b, Some(4));
+        s.retain(&[a]);
+        assert!(!s.any_reported());
+        assert_eq!(s.limit(&b), Some(8));
     }
 }

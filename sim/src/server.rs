@@ -14,6 +14,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::cli::EngineFlavor;
 use crate::faults::FaultUpdate;
 use crate::openai::{
     close_chunks, error_body, open_chunk, parse_chat, parse_completion, response_body, token_chunk,
@@ -63,6 +64,7 @@ pub fn pod_router(pod: Arc<Pod>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/props", get(props))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/sim/fault", post(sim_fault))
         .route("/sim/reset", post(sim_reset))
@@ -110,6 +112,21 @@ async fn models(State(pod): State<Arc<Pod>>) -> Response {
     });
     let data: Vec<_> = std::iter::once(base).chain(adapters).collect();
     let body = serde_json::json!({"object": "list", "data": data});
+    json(StatusCode::OK, body.to_string().into_bytes())
+}
+
+/// llama.cpp's server properties (`--engine llamacpp` only; the others
+/// have no such path): its slot count is `--max-num-seqs`.
+async fn props(State(pod): State<Arc<Pod>>) -> Response {
+    let cfg = pod.config();
+    if cfg.engine != EngineFlavor::Llamacpp {
+        return not_found().await;
+    }
+    let body = serde_json::json!({
+        "default_generation_settings": {"n_ctx": cfg.kv_blocks * cfg.block_size},
+        "total_slots": cfg.max_num_seqs,
+        "model_path": cfg.model,
+    });
     json(StatusCode::OK, body.to_string().into_bytes())
 }
 

@@ -247,6 +247,10 @@ pub struct MetricsConfig {
     /// `models` entry leaves its endpoints to it (an endpoint never listed
     /// is read at once).
     pub models_refresh_ms: u64,
+    /// Ask engines that report their slot count (llama.cpp's `GET /props`)
+    /// for it, once each and again after a restart (`engine_slots.rs`):
+    /// with `scheduling.slot_wait`, each one's limit from the first request.
+    pub ask_engine_slots: bool,
     /// A snapshot older than this is not trusted as fresh.
     pub stale_after_ms: u64,
     /// Consecutive failed scrapes after which an endpoint leaves the
@@ -273,6 +277,7 @@ impl Default for MetricsConfig {
             scrape_timeout_ms: 1000,
             max_body_bytes: 4 << 20,
             models_refresh_ms: 5000,
+            ask_engine_slots: true,
             stale_after_ms: 2000,
             unhealthy_after_failures: 3,
             engine: Engine::Auto,
@@ -923,6 +928,7 @@ mod tests {
         .unwrap();
         assert!(c.models.iter().all(|m| m.endpoints.is_empty()));
         assert_eq!(c.metrics.models_refresh_ms, 5000);
+        assert!(c.metrics.ask_engine_slots);
     }
 
     #[test]

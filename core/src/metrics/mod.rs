@@ -56,6 +56,9 @@ pub struct Reading {
     /// The engine's count of prompt tokens served from its prefix cache
     /// (summed over series), when it reports one (`cache_trust`).
     pub prefix_hits_total: Option<f64>,
+    /// Where the engine answers its slot count (llama.cpp's `/props`,
+    /// `engine_slots.rs`), when its profile knows one.
+    pub slots_path: Option<&'static str>,
 }
 
 impl From<MetricsSnapshot> for Reading {

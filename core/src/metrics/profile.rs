@@ -74,6 +74,9 @@ pub struct NameProfile<'a> {
     /// Counters of prompt tokens served from the prefix cache: the first
     /// present of the first two, plus the third (an external cache).
     pub prefix_hits: [Option<&'a str>; 3],
+    /// Where the engine answers its slot count (`engine_slots.rs`), if it
+    /// does.
+    pub slots_path: Option<&'static str>,
 }
 
 /// vLLM (V0 and V1 engines).
@@ -94,6 +97,7 @@ pub const VLLM: NameProfile<'static> = NameProfile {
         Some("vllm:gpu_prefix_cache_hits_total"),
         Some("vllm:external_prefix_cache_hits_total"),
     ],
+    slots_path: None,
 };
 
 /// SGLang.
@@ -107,6 +111,7 @@ pub const SGLANG: NameProfile<'static> = NameProfile {
     lora_info: None,
     prompt_tokens: Some("sglang:prompt_tokens_total"),
     prefix_hits: [Some("sglang:cached_tokens_total"), None, None],
+    slots_path: None,
 };
 
 /// TensorRT-LLM's `trtllm-serve`.
@@ -120,6 +125,7 @@ pub const TRTLLM: NameProfile<'static> = NameProfile {
     lora_info: None,
     prompt_tokens: None,
     prefix_hits: [None; 3],
+    slots_path: None,
 };
 
 /// llama.cpp's `llama-server --metrics`.
@@ -133,6 +139,7 @@ pub const LLAMACPP: NameProfile<'static> = NameProfile {
     lora_info: None,
     prompt_tokens: Some("llamacpp:prompt_tokens_total"),
     prefix_hits: [Some("llamacpp:prompt_tokens_cached_total"), None, None],
+    slots_path: Some(crate::engine_slots::LLAMACPP_PATH),
 };
 
 impl<'a> NameProfile<'a> {
@@ -163,6 +170,7 @@ impl<'a> NameProfile<'a> {
             lora_info: self.lora_info,
             prompt_tokens: self.prompt_tokens,
             prefix_hits: self.prefix_hits,
+            slots_path: self.slots_path,
         }
     }
 
@@ -183,6 +191,7 @@ impl<'a> NameProfile<'a> {
                 lora_info: None,
                 prompt_tokens: None,
                 prefix_hits: [None; 3],
+                slots_path: None,
             }
             .with_overrides(cfg)],
             e => vec![NameProfile::builtin(e).unwrap_or(VLLM).with_overrides(cfg)],
@@ -329,6 +338,7 @@ pub fn read_all(text: &str, cfg: &MetricsConfig) -> Result<(Reading, Engine), Me
                     .map(|v| v + external.unwrap_or(0.0))
                     .filter(|v| v.is_finite())
             },
+            slots_path: p.slots_path,
         },
         p.engine,
     ))

@@ -637,11 +637,14 @@ mod tests {
     }
 
     #[test]
-    fn a_configured_slot_limit_prices_a_burst_before_scrapes_show_it() {
+    fn a_configured_or_reported_slot_limit_prices_a_burst_before_scrapes_show_it() {
         // A gateway just started in front of engines of 2 slots: their
         // scrapes (taken before the burst) show them idle, and kvroute has
         // sent 4 requests of a conversation to its holder, endpoint 1
-        // (two answering, two waiting with 100 tokens between them).
+        // (two answering, two waiting with 100 tokens between them). The
+        // limit is unknown, configured (`scheduling.engine_slots`), or
+        // reported by the engines (llama.cpp's `/props`, in the scrape
+        // states).
         let conversation: Vec<u64> = (1..=40).collect();
         let load = |e: &Endpoint| {
             let busy = InFlight {
@@ -657,7 +660,7 @@ mod tests {
             }
         };
         let mut rng = fastrand::Rng::with_seed(1);
-        for engine_slots in [None, Some(2)] {
+        for (engine_slots, reported) in [(None, None), (Some(2), None), (None, Some(2))] {
             let mut c = Config {
                 endpoints: vec![ep(1), ep(2)],
                 ..Config::default()
@@ -666,13 +669,19 @@ mod tests {
             c.scheduling.engine_slots = engine_slots;
             let mut r = Router::new(c);
             r.learn(ep(1), &conversation, 0);
-            let states = idle_states(&r, 0);
+            let mut states = idle_states(&r, 0);
+            for e in [ep(1), ep(2)] {
+                if let Some(n) = reported {
+                    states.engine_slots_read(e, n);
+                }
+            }
+            r.observe(&states, |_| InFlight::default());
             let outliers = OutlierTable::default();
             let d = r
                 .decide(&conversation, 2_560, &states, &outliers, load, 10, &mut rng)
                 .unwrap();
             let wait = d.prediction.map(|p| p.slot_wait_ms);
-            match engine_slots {
+            match engine_slots.or(reported) {
                 // Nothing learnt yet: the holder's queue of cache hits
                 // looks cheap, and it keeps the request.
                 None => {

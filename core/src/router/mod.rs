@@ -184,7 +184,8 @@ impl Router {
     /// the index back to an empty cache), and, when
     /// `prefix.follow_engine_capacity` is on, the capacity it reports
     /// (`block_size x num_gpu_blocks`), and, with `scheduling.slot_wait`,
-    /// the requests it runs and queues (`slots.rs`; `inflight`: kvroute's
+    /// the slot count its engine reports and the requests it runs and
+    /// queues (`slots.rs`; `inflight`: kvroute's
     /// requests on each endpoint now, looked up in endpoint order). Returns
     /// the endpoints forgotten.
     pub fn observe(
@@ -208,6 +209,14 @@ impl Router {
                 self.index.clear(*endpoint);
                 self.slots.forget(endpoint);
                 forgotten.push(*endpoint);
+            }
+            // The slot count its engine reports (a lookup per endpoint and
+            // tick only once some engine reported one).
+            if self.config.scheduling.slot_wait
+                && (state.engine_slots.is_some() || self.slots.any_reported())
+                && self.pool.binary_search(endpoint).is_ok()
+            {
+                self.slots.report(*endpoint, state.engine_slots);
             }
             if let Some(snapshot) = &state.snapshot {
                 if self.config.scheduling.slot_wait && self.pool.binary_search(endpoint).is_ok() {

@@ -62,6 +62,11 @@ pub struct ScrapeState {
     /// seen finish since are gone from it ([`ScrapeState::current`]).
     #[serde(default)]
     pub own_requests: u32,
+    /// How many requests the engine runs at once, as it reports it
+    /// (`engine_slots.rs`); `None` until an answer gave it, and again once
+    /// its engine restarted (it may run with another count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_slots: Option<u32>,
 }
 
 /// A prompt-token counter that goes down again within this of its last
@@ -253,6 +258,22 @@ impl EndpointStates {
         }
     }
 
+    /// The slot count `endpoint`'s engine reported (`None`: not yet, or not
+    /// since it restarted), without copying its state.
+    pub fn engine_slots(&self, endpoint: Endpoint) -> Option<u32> {
+        let i = self
+            .entries
+            .binary_search_by(|(e, _)| e.cmp(&endpoint))
+            .ok()?;
+        self.entries[i].1.engine_slots
+    }
+
+    /// Records the slot count `endpoint`'s engine reported
+    /// (`engine_slots.rs`).
+    pub fn engine_slots_read(&mut self, endpoint: Endpoint, slots: u32) {
+        self.entry(endpoint).engine_slots = Some(slots);
+    }
+
     /// Records a `/v1/models` list read from `endpoint`.
     pub fn listed(&mut self, endpoint: Endpoint, served: ServedModels) {
         self.entry(endpoint).served = Some(served);
@@ -290,6 +311,8 @@ impl EndpointStates {
                     return CounterNews::Flapped;
                 }
                 s.restarts = s.restarts.wrapping_add(1);
+                // It may run with another slot count: asked again.
+                s.engine_slots = None;
                 CounterNews::Restarted
             }
             ScrapeOutcome::Unreadable => {
@@ -344,7 +367,8 @@ impl EndpointStates {
     /// [`MAX_IDS`]) and the sorted model ids (u32 each); then
     /// `prompt_tokens_total` (f64), `restarts` (u32, written when not 0) and
     /// `counter_dropped_at_ms` (u64, written when not 0); then a second flag
-    /// byte (bit 0: `prefix_hits_total`) and that counter (f64).
+    /// byte (bit 0: `prefix_hits_total`, 1: `own_requests`, 2:
+    /// `engine_slots`) and those fields (f64, u32, u32).
     pub fn encode(&self) -> Vec<u8> {
         self.encode_as(VERSION)
     }
@@ -430,13 +454,13 @@ pub const MIN_ENTRY_BYTES: usize = 28;
 /// the engine's prompt-token counter and restarts, version 5 when the
 /// counter last went down, version 6 a second flag byte (the prefix-cache
 /// hit counter), version 7 its second bit (kvroute's requests counted by
-/// the scrape); values of the older versions (without those flags) decode
-/// as well.
-const VERSION: u8 = 7;
+/// the scrape), version 8 its third (the slot count the engine reports);
+/// values of the older versions (without those flags) decode as well.
+const VERSION: u8 = 8;
 /// Flag bits each version may set.
-const FLAGS: [u8; 7] = [0x07, 0x0f, 0x1f, 0x7f, 0xff, 0xff, 0xff];
+const FLAGS: [u8; 8] = [0x07, 0x0f, 0x1f, 0x7f, 0xff, 0xff, 0xff, 0xff];
 /// Bits of the second flag byte each version from 6 on may set.
-const FLAGS2: [u8; 2] = [0x01, 0x03];
+const FLAGS2: [u8; 3] = [0x01, 0x03, 0x07];
 
 /// What follows the snapshot whether or not there is one: `served`, the
 /// prompt-token counter, the restarts, the counter's last drop (each when
@@ -456,12 +480,20 @@ fn encode_own(s: &ScrapeState, version: u8, out: &mut Vec<u8>) {
         return;
     }
     let own_requests = if version >= 7 { s.own_requests } else { 0 };
-    out.push(u8::from(s.prefix_hits_total.is_some()) | u8::from(own_requests != 0) << 1);
+    let engine_slots = s.engine_slots.filter(|_| version >= 8);
+    out.push(
+        u8::from(s.prefix_hits_total.is_some())
+            | u8::from(own_requests != 0) << 1
+            | u8::from(engine_slots.is_some()) << 2,
+    );
     if let Some(h) = s.prefix_hits_total {
         out.extend_from_slice(&h.to_le_bytes());
     }
     if own_requests != 0 {
         out.extend_from_slice(&own_requests.to_le_bytes());
+    }
+    if let Some(n) = engine_slots {
+        out.extend_from_slice(&n.to_le_bytes());
     }
 }
 
@@ -555,6 +587,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             counter_dropped_at_ms: 0,
             prefix_hits_total: None,
             own_requests: 0,
+            engine_slots: None,
         };
         let flags = next::<1>(r)?[0];
         if flags & !known_flags != 0 {
@@ -604,6 +637,9 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             }
             if flags2 & 2 != 0 {
                 s.own_requests = u32::from_le_bytes(next(r)?);
+            }
+            if flags2 & 4 != 0 {
+                s.engine_slots = Some(u32::from_le_bytes(next(r)?));
             }
         }
         entries.push((endpoint, s));
@@ -778,6 +814,9 @@ mod tests {
             if i % 5 == 2 {
                 t.counted_own(e, u32::from(i) * 1_000_003);
             }
+            if i % 7 < 3 {
+                t.engine_slots_read(e, u32::from(i) * 70_001 + 1);
+            }
             // Lists of every length (none, empty, up to the cap; past the
             // first 50, the one or two names a real pod lists), on every
             // kind of entry.
@@ -828,6 +867,7 @@ mod tests {
             s.counter_dropped_at_ms = 0;
             s.prefix_hits_total = None;
             s.own_requests = 0;
+            s.engine_slots = None;
         }
         let v2 = old.encode_as(2);
         assert_eq!(EndpointStates::decode(&v2), Some(old.clone()));
@@ -961,6 +1001,7 @@ mod tests {
             s.counter_dropped_at_ms = 0;
             s.prefix_hits_total = None;
             s.own_requests = 0;
+            s.engine_slots = None;
         }
         let v3 = old.encode_as(3);
         assert_eq!(EndpointStates::decode(&v3), Some(old));
@@ -977,6 +1018,7 @@ mod tests {
             s.counter_dropped_at_ms = 0;
             s.prefix_hits_total = None;
             s.own_requests = 0;
+            s.engine_slots = None;
         }
         let v4 = old.encode_as(4);
         assert_eq!(EndpointStates::decode(&v4), Some(old));
@@ -1060,6 +1102,7 @@ mod tests {
         for (_, s) in &mut old.entries {
             s.prefix_hits_total = None;
             s.own_requests = 0;
+            s.engine_slots = None;
         }
         assert_eq!(EndpointStates::decode(&old.encode_as(5)), Some(old));
         assert!(t.entries.iter().any(|(_, s)| s.prefix_hits_total.is_some()));
@@ -1084,6 +1127,7 @@ mod tests {
         let mut old = t.clone();
         for (_, s) in &mut old.entries {
             s.own_requests = 0;
+            s.engine_slots = None;
         }
         assert_eq!(EndpointStates::decode(&t.encode_as(6)), Some(old));
         // The bit version 7 added is unknown to version 6.
@@ -1094,6 +1138,50 @@ mod tests {
         assert_eq!(EndpointStates::decode(&bytes), Some(one));
         bytes[4] = 6;
         assert_eq!(EndpointStates::decode(&bytes), None);
+    }
+
+    #[test]
+    fn version_7_values_decode_without_the_slot_counts() {
+        let t = mixed(40);
+        assert!(t.entries.iter().any(|(_, s)| s.engine_slots > Some(65_536)));
+        let mut old = t.clone();
+        for (_, s) in &mut old.entries {
+            s.engine_slots = None;
+        }
+        assert_eq!(EndpointStates::decode(&t.encode_as(7)), Some(old));
+        // The bit version 8 added is unknown to version 7.
+        let mut one = EndpointStates::default();
+        one.engine_slots_read(ep("10.0.0.1:80"), 2);
+        let mut bytes = one.encode();
+        assert_eq!(EndpointStates::decode(&bytes), Some(one.clone()));
+        assert_eq!(one.engine_slots(ep("10.0.0.1:80")), Some(2));
+        assert_eq!(one.engine_slots(ep("10.0.0.2:80")), None);
+        bytes[4] = 7;
+        assert_eq!(EndpointStates::decode(&bytes), None);
+    }
+
+    #[test]
+    fn a_restart_drops_the_slot_count_the_engine_reported() {
+        let mut t = EndpointStates::default();
+        let e = ep("10.0.0.1:80");
+        let reading = |total: f64| {
+            ScrapeOutcome::Snapshot(crate::metrics::Reading {
+                prompt_tokens_total: Some(total),
+                ..crate::metrics::Reading::default()
+            })
+        };
+        t.record(e, reading(100.0), 1, FLAP_WINDOW_MS);
+        t.engine_slots_read(e, 4);
+        assert_eq!(
+            t.record(e, reading(200.0), 2, FLAP_WINDOW_MS),
+            CounterNews::Quiet
+        );
+        assert_eq!(t.engine_slots(e), Some(4), "kept while the engine runs");
+        assert_eq!(
+            t.record(e, reading(10.0), 3, FLAP_WINDOW_MS),
+            CounterNews::Restarted
+        );
+        assert_eq!(t.engine_slots(e), None);
     }
 
     #[test]
