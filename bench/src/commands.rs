@@ -60,6 +60,11 @@ pub struct FleetArgs {
     /// `--no-enable-prefix-caching`; passed to `kvroute-sim --no-prefix-caching`).
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Whose `/metrics` names the simulated pods expose (passed to `kvroute-sim
+    /// --engine`): with `llamacpp` they also answer llama.cpp's `GET /props`,
+    /// whose `total_slots` is `--max-num-seqs`.
+    #[arg(long, default_value = "vllm", value_parser = ["vllm", "sglang", "llamacpp"])]
+    pub sim_engine: String,
     /// Closed loop: concurrent users.
     #[arg(long, default_value_t = 32)]
     pub users: usize,
@@ -183,6 +188,9 @@ impl FleetArgs {
                     }
                     if self.no_prefix_caching {
                         args.push("--no-prefix-caching".into());
+                    }
+                    if self.sim_engine != "vllm" {
+                        args.extend(["--engine".into(), self.sim_engine.clone()]);
                     }
                     args
                 },
