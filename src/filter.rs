@@ -186,6 +186,20 @@ impl RequestFilter {
                 self.stream = request.is_some_and(|q| q.stream);
                 if self.stream {
                     self.set_http_request_header(STREAM_HEADER, Some("1"));
+                    // llama-server closes the connection after a stream
+                    // without saying so: Envoy would pool it and could send
+                    // the next request on it as it closes (reset unanswered,
+                    // retried on another pod, away from its prefix). Asked
+                    // for here, Envoy never reuses it.
+                    let closes = r.shadow.is_none() && {
+                        let state = self.state.borrow();
+                        state.config().failover.close_after_stream
+                            && state.states.closes_after_stream(r.endpoint)
+                    };
+                    if closes {
+                        self.state.borrow().stats.inc(Counter::ConnectionClose);
+                        self.set_http_request_header("connection", Some("close"));
+                    }
                 }
                 self.routed = Some(r);
                 true

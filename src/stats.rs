@@ -134,6 +134,10 @@ pub enum Counter {
     EngineSlotsRead,
     /// Asks for an engine's slot count unanswered, or answered without one.
     EngineSlotsFailure,
+    /// Streamed requests sent with `Connection: close` to an engine that
+    /// closes its connection after a stream anyway (llama.cpp), so that
+    /// Envoy does not send another request on it as it closes.
+    ConnectionClose,
     /// Per-endpoint stat updates not recorded: the endpoint came after
     /// `per_endpoint_stats` others.
     EndpointStatsDropped,
@@ -149,7 +153,7 @@ pub enum Counter {
     ShadowCachedTokensBalancer,
 }
 
-const COUNTERS: [(Counter, &str); 53] = [
+const COUNTERS: [(Counter, &str); 54] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -211,6 +215,10 @@ const COUNTERS: [(Counter, &str); 53] = [
     (Counter::ModelsListRead, "kvroute.models_list.read"),
     (Counter::EngineSlotsRead, "kvroute.engine_slots.read"),
     (Counter::EngineSlotsFailure, "kvroute.engine_slots.failure"),
+    (
+        Counter::ConnectionClose,
+        "kvroute.failover.connection_close",
+    ),
     (Counter::ModelsListFailure, "kvroute.models_list.failure"),
     (
         Counter::ModelsListTruncated,

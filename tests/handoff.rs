@@ -107,6 +107,46 @@ fn override_host_falls_back_when_the_chosen_pod_dies_and_the_next_turns_follow()
     }
 }
 
+/// Streams to endpoints whose `/metrics` read as llama.cpp ask Envoy to
+/// close the upstream connection after them (`llama-server` closes it
+/// anyway, without saying so: `tests/real_engine.rs`); streams to other
+/// engines, answers that do not stream, and every request with
+/// `failover.close_after_stream: false` keep their connections.
+#[test]
+fn only_streams_to_llama_cpp_endpoints_close_their_connection() {
+    for (engine, enabled, closes) in [
+        ("llamacpp", true, true),
+        ("llamacpp", false, false),
+        ("vllm", true, false),
+    ] {
+        let sim = Sim::start(2, &["--time-scale", "0.01", "--engine", engine]);
+        let mut config = override_config();
+        config["failover"] = json!({"close_after_stream": enabled});
+        let envoy = Envoy::start(&sim.endpoints(), config, 2);
+        let start = Instant::now();
+        while envoy.stat("wasmcustom.kvroute.scrape.success") < 4.0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "{}", envoy.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let closed = || envoy.stat("wasmcustom.kvroute.failover.connection_close");
+        for c in 0..6 {
+            let mut body = chat(&format!("conv{c}"), 0);
+            let stream = c % 3 != 0;
+            body["stream"] = json!(stream);
+            body["max_tokens"] = json!(4);
+            let before = closed();
+            let r = post_json(&envoy.url("/v1/chat/completions"), &body);
+            assert_eq!(r.status, 200, "{}", r.body);
+            let expected = f64::from(u8::from(closes && stream));
+            assert_eq!(
+                closed() - before,
+                expected,
+                "{engine} {enabled}: request {c}"
+            );
+        }
+    }
+}
+
 #[test]
 fn override_host_cannot_be_steered() {
     let sim = Sim::start(2, &["--time-scale", "0.01"]);

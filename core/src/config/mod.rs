@@ -622,6 +622,11 @@ pub struct FailoverConfig {
     /// client. Such a refusal comes before any byte of the answer and costs
     /// no generation. Empty: none.
     pub retry_statuses: Vec<u16>,
+    /// Streamed requests to an endpoint whose engine closes its connection
+    /// after every stream without saying so (llama.cpp's `llama-server`,
+    /// told by its `/metrics`) carry `Connection: close`, so that Envoy
+    /// never sends another request on that connection as it closes.
+    pub close_after_stream: bool,
 }
 
 /// Most statuses `failover.retry_statuses` may list.
@@ -636,6 +641,7 @@ impl Default for FailoverConfig {
             eject_unanswered: true,
             retry_before_response: true,
             retry_statuses: vec![429, 503],
+            close_after_stream: true,
         }
     }
 }

@@ -59,6 +59,9 @@ pub struct Reading {
     /// Where the engine answers its slot count (llama.cpp's `/props`,
     /// `engine_slots.rs`), when its profile knows one.
     pub slots_path: Option<&'static str>,
+    /// Whether the engine closes its connection after every streamed
+    /// answer (`profile::NameProfile::closes_after_stream`).
+    pub closes_after_stream: bool,
 }
 
 impl From<MetricsSnapshot> for Reading {

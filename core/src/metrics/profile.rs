@@ -77,6 +77,13 @@ pub struct NameProfile<'a> {
     /// Where the engine answers its slot count (`engine_slots.rs`), if it
     /// does.
     pub slots_path: Option<&'static str>,
+    /// Whether the engine's server closes its connection after every
+    /// streamed answer without saying so (no `Connection: close`):
+    /// llama.cpp's `llama-server` does. Envoy would put that connection
+    /// back in its pool and could send the next request on it as it closes
+    /// (the request is reset unanswered); streamed requests to such an
+    /// engine ask for the close themselves (`src/filter.rs`).
+    pub closes_after_stream: bool,
 }
 
 /// vLLM (V0 and V1 engines).
@@ -98,6 +105,7 @@ pub const VLLM: NameProfile<'static> = NameProfile {
         Some("vllm:external_prefix_cache_hits_total"),
     ],
     slots_path: None,
+    closes_after_stream: false,
 };
 
 /// SGLang.
@@ -112,6 +120,7 @@ pub const SGLANG: NameProfile<'static> = NameProfile {
     prompt_tokens: Some("sglang:prompt_tokens_total"),
     prefix_hits: [Some("sglang:cached_tokens_total"), None, None],
     slots_path: None,
+    closes_after_stream: false,
 };
 
 /// TensorRT-LLM's `trtllm-serve`.
@@ -126,6 +135,7 @@ pub const TRTLLM: NameProfile<'static> = NameProfile {
     prompt_tokens: None,
     prefix_hits: [None; 3],
     slots_path: None,
+    closes_after_stream: false,
 };
 
 /// llama.cpp's `llama-server --metrics`.
@@ -140,6 +150,7 @@ pub const LLAMACPP: NameProfile<'static> = NameProfile {
     prompt_tokens: Some("llamacpp:prompt_tokens_total"),
     prefix_hits: [Some("llamacpp:prompt_tokens_cached_total"), None, None],
     slots_path: Some(crate::engine_slots::LLAMACPP_PATH),
+    closes_after_stream: true,
 };
 
 impl<'a> NameProfile<'a> {
@@ -171,6 +182,7 @@ impl<'a> NameProfile<'a> {
             prompt_tokens: self.prompt_tokens,
             prefix_hits: self.prefix_hits,
             slots_path: self.slots_path,
+            closes_after_stream: self.closes_after_stream,
         }
     }
 
@@ -192,6 +204,7 @@ impl<'a> NameProfile<'a> {
                 prompt_tokens: None,
                 prefix_hits: [None; 3],
                 slots_path: None,
+                closes_after_stream: false,
             }
             .with_overrides(cfg)],
             e => vec![NameProfile::builtin(e).unwrap_or(VLLM).with_overrides(cfg)],
@@ -339,6 +352,7 @@ pub fn read_all(text: &str, cfg: &MetricsConfig) -> Result<(Reading, Engine), Me
                     .filter(|v| v.is_finite())
             },
             slots_path: p.slots_path,
+            closes_after_stream: p.closes_after_stream,
         },
         p.engine,
     ))
@@ -536,7 +550,18 @@ mod tests {
             assert_eq!(s, snap(0.0, running, None, None));
             assert_eq!(read(text, &cfg(Engine::Llamacpp)).unwrap().0, s);
             assert!(read(text, &cfg(Engine::Vllm)).is_err());
+            // llama-server closes its connection after every stream.
+            assert!(
+                read_all(text, &cfg(Engine::Auto))
+                    .unwrap()
+                    .0
+                    .closes_after_stream
+            );
         }
+        let vllm = fixture!("vllm-0.29.0-v1-qwen2.5-1.5b-inferstack.txt");
+        let (r, e) = read_all(vllm, &cfg(Engine::Auto)).unwrap();
+        assert_eq!(e, Engine::Vllm);
+        assert!(!r.closes_after_stream, "vLLM keeps its connections");
         // An older server's KV gauge is read when present.
         let old = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 3\n\
                    llamacpp:kv_cache_usage_ratio 0.25\n";

@@ -67,6 +67,11 @@ pub struct ScrapeState {
     /// its engine restarted (it may run with another count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_slots: Option<u32>,
+    /// Whether its engine closes the connection after every streamed
+    /// answer (`metrics::Reading::closes_after_stream`), as its last
+    /// readable scrape said.
+    #[serde(default)]
+    pub closes_after_stream: bool,
 }
 
 /// A prompt-token counter that goes down again within this of its last
@@ -268,6 +273,15 @@ impl EndpointStates {
         self.entries[i].1.engine_slots
     }
 
+    /// Whether `endpoint`'s engine closes the connection after every
+    /// streamed answer ([`ScrapeState::closes_after_stream`]; false for
+    /// one never read), without copying its state.
+    pub fn closes_after_stream(&self, endpoint: Endpoint) -> bool {
+        self.entries
+            .binary_search_by(|(e, _)| e.cmp(&endpoint))
+            .is_ok_and(|i| self.entries[i].1.closes_after_stream)
+    }
+
     /// Records the slot count `endpoint`'s engine reported
     /// (`engine_slots.rs`).
     pub fn engine_slots_read(&mut self, endpoint: Endpoint, slots: u32) {
@@ -298,6 +312,7 @@ impl EndpointStates {
                 self.succeed_with_lora(endpoint, r.snapshot, r.lora, now_ms);
                 let s = self.entry(endpoint);
                 s.prefix_hits_total = r.prefix_hits_total;
+                s.closes_after_stream = r.closes_after_stream;
                 let Some(now) = r.prompt_tokens_total else {
                     return CounterNews::Quiet;
                 };
@@ -368,7 +383,8 @@ impl EndpointStates {
     /// `prompt_tokens_total` (f64), `restarts` (u32, written when not 0) and
     /// `counter_dropped_at_ms` (u64, written when not 0); then a second flag
     /// byte (bit 0: `prefix_hits_total`, 1: `own_requests`, 2:
-    /// `engine_slots`) and those fields (f64, u32, u32).
+    /// `engine_slots`, 3: `closes_after_stream`) and the first three's
+    /// fields (f64, u32, u32).
     pub fn encode(&self) -> Vec<u8> {
         self.encode_as(VERSION)
     }
@@ -454,13 +470,14 @@ pub const MIN_ENTRY_BYTES: usize = 28;
 /// the engine's prompt-token counter and restarts, version 5 when the
 /// counter last went down, version 6 a second flag byte (the prefix-cache
 /// hit counter), version 7 its second bit (kvroute's requests counted by
-/// the scrape), version 8 its third (the slot count the engine reports);
+/// the scrape), version 8 its third (the slot count the engine reports),
+/// version 9 its fourth (the engine closes its connection after a stream);
 /// values of the older versions (without those flags) decode as well.
-const VERSION: u8 = 8;
+const VERSION: u8 = 9;
 /// Flag bits each version may set.
-const FLAGS: [u8; 8] = [0x07, 0x0f, 0x1f, 0x7f, 0xff, 0xff, 0xff, 0xff];
+const FLAGS: [u8; 9] = [0x07, 0x0f, 0x1f, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff];
 /// Bits of the second flag byte each version from 6 on may set.
-const FLAGS2: [u8; 3] = [0x01, 0x03, 0x07];
+const FLAGS2: [u8; 4] = [0x01, 0x03, 0x07, 0x0f];
 
 /// What follows the snapshot whether or not there is one: `served`, the
 /// prompt-token counter, the restarts, the counter's last drop (each when
@@ -481,10 +498,12 @@ fn encode_own(s: &ScrapeState, version: u8, out: &mut Vec<u8>) {
     }
     let own_requests = if version >= 7 { s.own_requests } else { 0 };
     let engine_slots = s.engine_slots.filter(|_| version >= 8);
+    let closes_after_stream = s.closes_after_stream && version >= 9;
     out.push(
         u8::from(s.prefix_hits_total.is_some())
             | u8::from(own_requests != 0) << 1
-            | u8::from(engine_slots.is_some()) << 2,
+            | u8::from(engine_slots.is_some()) << 2
+            | u8::from(closes_after_stream) << 3,
     );
     if let Some(h) = s.prefix_hits_total {
         out.extend_from_slice(&h.to_le_bytes());
@@ -588,6 +607,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             prefix_hits_total: None,
             own_requests: 0,
             engine_slots: None,
+            closes_after_stream: false,
         };
         let flags = next::<1>(r)?[0];
         if flags & !known_flags != 0 {
@@ -641,6 +661,7 @@ fn decode_binary(mut r: &[u8]) -> Option<EndpointStates> {
             if flags2 & 4 != 0 {
                 s.engine_slots = Some(u32::from_le_bytes(next(r)?));
             }
+            s.closes_after_stream = flags2 & 8 != 0;
         }
         entries.push((endpoint, s));
     }
@@ -817,6 +838,7 @@ mod tests {
             if i % 7 < 3 {
                 t.engine_slots_read(e, u32::from(i) * 70_001 + 1);
             }
+            t.entry(e).closes_after_stream = i % 4 == 3;
             // Lists of every length (none, empty, up to the cap; past the
             // first 50, the one or two names a real pod lists), on every
             // kind of entry.
@@ -868,6 +890,7 @@ mod tests {
             s.prefix_hits_total = None;
             s.own_requests = 0;
             s.engine_slots = None;
+            s.closes_after_stream = false;
         }
         let v2 = old.encode_as(2);
         assert_eq!(EndpointStates::decode(&v2), Some(old.clone()));
@@ -1002,6 +1025,7 @@ mod tests {
             s.prefix_hits_total = None;
             s.own_requests = 0;
             s.engine_slots = None;
+            s.closes_after_stream = false;
         }
         let v3 = old.encode_as(3);
         assert_eq!(EndpointStates::decode(&v3), Some(old));
@@ -1019,6 +1043,7 @@ mod tests {
             s.prefix_hits_total = None;
             s.own_requests = 0;
             s.engine_slots = None;
+            s.closes_after_stream = false;
         }
         let v4 = old.encode_as(4);
         assert_eq!(EndpointStates::decode(&v4), Some(old));
@@ -1103,6 +1128,7 @@ mod tests {
             s.prefix_hits_total = None;
             s.own_requests = 0;
             s.engine_slots = None;
+            s.closes_after_stream = false;
         }
         assert_eq!(EndpointStates::decode(&old.encode_as(5)), Some(old));
         assert!(t.entries.iter().any(|(_, s)| s.prefix_hits_total.is_some()));
@@ -1128,6 +1154,7 @@ mod tests {
         for (_, s) in &mut old.entries {
             s.own_requests = 0;
             s.engine_slots = None;
+            s.closes_after_stream = false;
         }
         assert_eq!(EndpointStates::decode(&t.encode_as(6)), Some(old));
         // The bit version 7 added is unknown to version 6.
@@ -1147,6 +1174,7 @@ mod tests {
         let mut old = t.clone();
         for (_, s) in &mut old.entries {
             s.engine_slots = None;
+            s.closes_after_stream = false;
         }
         assert_eq!(EndpointStates::decode(&t.encode_as(7)), Some(old));
         // The bit version 8 added is unknown to version 7.
@@ -1158,6 +1186,40 @@ mod tests {
         assert_eq!(one.engine_slots(ep("10.0.0.2:80")), None);
         bytes[4] = 7;
         assert_eq!(EndpointStates::decode(&bytes), None);
+    }
+
+    #[test]
+    fn version_8_values_decode_without_the_connection_closes() {
+        let t = mixed(40);
+        assert!(t.entries.iter().any(|(_, s)| s.closes_after_stream));
+        let mut old = t.clone();
+        for (_, s) in &mut old.entries {
+            s.closes_after_stream = false;
+        }
+        assert_eq!(EndpointStates::decode(&t.encode_as(8)), Some(old));
+        // Each readable scrape says it anew; the bit version 9 added is
+        // unknown to version 8.
+        let mut one = EndpointStates::default();
+        let e = ep("10.0.0.1:80");
+        let llamacpp = crate::metrics::Reading {
+            closes_after_stream: true,
+            ..crate::metrics::Reading::default()
+        };
+        one.record(e, ScrapeOutcome::Snapshot(llamacpp), 1, FLAP_WINDOW_MS);
+        assert!(one.closes_after_stream(e));
+        assert!(!one.closes_after_stream(ep("10.0.0.2:80")));
+        let mut bytes = one.encode();
+        assert_eq!(EndpointStates::decode(&bytes), Some(one.clone()));
+        bytes[4] = 8;
+        assert_eq!(EndpointStates::decode(&bytes), None);
+        one.record(e, ScrapeOutcome::Unreadable, 2, FLAP_WINDOW_MS);
+        assert!(one.closes_after_stream(e), "kept without a reading");
+        let other = ScrapeOutcome::Snapshot(crate::metrics::Reading::default());
+        one.record(e, other, 3, FLAP_WINDOW_MS);
+        assert!(
+            !one.closes_after_stream(e),
+            "another engine answers there now"
+        );
     }
 
     #[test]
