@@ -208,6 +208,7 @@ pub async fn kvroute_counters(admins: &[&str]) -> BTreeMap<String, u64> {
                     "failover.unanswered",
                     "failover.fallback_answered",
                     "failover.refused",
+                    "failover.connection_close",
                     "engine_cache_distrusted",
                 ]
                 .contains(&k)
