@@ -144,6 +144,45 @@ fn only_streams_to_llama_cpp_endpoints_close_their_connection() {
                 "{engine} {enabled}: request {c}"
             );
         }
+        // The close is the upstream connection's: the client's own
+        // connection to Envoy stays open for its next streams.
+        let before = closed();
+        streams_on_one_connection(envoy.port, 3);
+        assert_eq!(closed() - before, f64::from(u8::from(closes)) * 3.0);
+    }
+}
+
+/// Sends `n` streamed chat requests one after another on one client
+/// connection, each read to its last chunk; panics if Envoy closes it.
+fn streams_on_one_connection(port: u16, n: usize) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for i in 0..n {
+        let mut body = chat(&format!("kept{i}"), 0);
+        body["stream"] = json!(true);
+        body["max_tokens"] = json!(4);
+        let body = serde_json::to_vec(&body).unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: kvroute\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&body).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"\r\n0\r\n\r\n") {
+            let k = s.read(&mut buf).unwrap();
+            assert!(
+                k > 0,
+                "Envoy closed the client's connection after {i} streams"
+            );
+            got.extend_from_slice(&buf[..k]);
+        }
+        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        assert!(text.starts_with("http/1.1 200"), "{text}");
+        assert!(!text.contains("connection: close"), "{text}");
     }
 }
 
