@@ -100,6 +100,14 @@ impl OutlierTable {
         }
     }
 
+    /// [`Self::ejected`] at `now_ms` for the same walk as [`Self::lookup`]:
+    /// with no endpoint tracked (the usual case), no lookup at all.
+    pub fn ejections(&self, now_ms: u64) -> impl Fn(&Endpoint) -> bool + '_ {
+        let lookup = self.lookup();
+        let none = self.entries.is_empty();
+        move |e| !none && lookup(e).ejected(now_ms)
+    }
+
     /// Endpoints ejected at `now_ms`.
     pub fn ejected_count(&self, now_ms: u64) -> usize {
         self.entries
@@ -227,8 +235,11 @@ mod tests {
                 walk.sort_unstable();
             }
             let lookup = t.lookup();
+            let now = rng.u64(0..5_000);
+            let ejected = t.ejections(now);
             for e in &walk {
                 assert_eq!(lookup(e), t.get(*e), "round {round}: {e} in {t:?}");
+                assert_eq!(ejected(e), t.ejected(*e, now), "round {round}: {e}");
             }
         }
     }

@@ -207,14 +207,19 @@ impl Router {
     /// `scheduling.slot_wait`, 1 s until then), per candidate. What
     /// [`charged`] weighs a repeated prefill by.
     fn arrivals_per_ms(&self, candidates: &[Candidate]) -> f64 {
-        let (mut present, mut n) = (0.0, 0.0);
-        for c in candidates.iter().filter(|c| c.healthy) {
-            present += max_num(
+        // Summed in four independent chains (one chain of additions
+        // through a pool of 1024 was most of this pass's time); the healthy
+        // ones counted as an integer.
+        let (mut present, mut n) = ([0.0; 4], 0usize);
+        for (i, c) in candidates.iter().enumerate() {
+            let here = max_num(
                 c.snapshot.map_or(0.0, |s| s.running + s.waiting),
                 f64::from(c.inflight.requests),
             );
-            n += 1.0;
+            present[i & 3] += if c.healthy { here } else { 0.0 };
+            n += usize::from(c.healthy);
         }
+        let (present, n) = (present.iter().sum::<f64>(), n as f64);
         let held = self.slots.held_ms();
         if n > 0.0 && held > 0.0 {
             present / held / n

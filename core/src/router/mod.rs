@@ -128,7 +128,7 @@ impl Router {
         let stale_after = saturation.stale_after(self.config.metrics.scrape_interval_ms);
         let unknown = ScrapeState::default();
         let serves = self.models.serves_in_order(scope);
-        let outlier = outliers.lookup();
+        let ejected = outliers.ejections(now_ms);
         !self
             .pool
             .iter()
@@ -136,7 +136,7 @@ impl Router {
             .map(|(e, s)| (e, s.unwrap_or(&unknown)))
             .filter(|(e, s)| serves(e, s))
             .any(|(e, s)| {
-                let healthy = s.healthy(threshold) && !outlier(e).ejected(now_ms);
+                let healthy = s.healthy(threshold) && !ejected(e);
                 !saturation.saturated(s, healthy, now_ms, stale_after)
             })
     }
@@ -396,7 +396,7 @@ impl Router {
         let unknown = ScrapeState::default();
         let serves = self.models.serves_in_order(scope);
         let everyone = scope == Scope::All;
-        let outlier = outliers.lookup();
+        let ejected = outliers.ejections(now_ms);
         let mut candidates: Vec<Candidate> = Vec::with_capacity(self.pool.len());
         // The pool's endpoints are compared where they lie, by reference: a
         // copy on the stack read back in parts stalled store forwarding
@@ -416,7 +416,9 @@ impl Router {
             let m = matched.next_if(|(k, _)| *k == i).map(|(_, m)| m);
             let load = inflight(endpoint);
             let suspect = stall.is_some_and(|s| s.suspect(&load, state.answered_at_ms));
-            others_alive |= stall.is_some_and(|s| !suspect && !s.silent(state.answered_at_ms));
+            // Once one is found, no other needs the look.
+            others_alive =
+                others_alive || stall.is_some_and(|s| !suspect && !s.silent(state.answered_at_ms));
             if !everyone && !serves(endpoint, state) {
                 continue;
             }
@@ -427,8 +429,7 @@ impl Router {
                 endpoint: *endpoint,
                 snapshot: state.current(now_ms, stale_after, load.requests),
                 adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
-                healthy: state.healthy(metrics.unhealthy_after_failures)
-                    && !outlier(endpoint).ejected(now_ms),
+                healthy: state.healthy(metrics.unhealthy_after_failures) && !ejected(endpoint),
                 matched_blocks: m.map_or(0, |m| m.blocks),
                 partial_block: m.map_or(0.0, |m| m.partial()),
                 inflight: load,

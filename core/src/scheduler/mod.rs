@@ -285,28 +285,31 @@ impl Scheduler {
         // either: the running adapter is an affinity like a cached prefix,
         // and the cold margin would otherwise rotate it away.
         //
-        // One pass over the live candidates: whether any holds a prefix or
-        // runs the adapter, and the longest match (for the reason below).
-        let mut adapter_runs = false;
-        let mut holds_prefix = false;
-        // The longest match in four independent chains (see below).
+        // The longest match of a live candidate (for the reason below), in
+        // one pass of four independent chains.
+        let live = |c: &Candidate| c.healthy || fallback;
         let mut longest = [0.0; 4];
         for (i, c) in candidates.iter().enumerate() {
-            if !(c.healthy || fallback) {
-                continue;
-            }
-            adapter_runs |= req.adapter.is_some() && c.adapter_fit == AdapterFit::Running;
-            holds_prefix |=
-                !((req.total_blocks == 0 || c.matched_blocks == 0) && c.partial_block <= 0.0);
             // A comparison, not `f64::max`: the same for these (never NaN
             // in a comparison that wins), without its NaN handling.
-            let matched = c.matched();
+            let matched = if live(c) { c.matched() } else { 0.0 };
             let lane = &mut longest[i & 3];
             if matched > *lane {
                 *lane = matched;
             }
         }
         let longest = longest.into_iter().fold(0.0, f64::max);
+        // A live candidate holds a prefix: one with a leading block or part
+        // of one (both count from 0 up, so their sum is above 0); of a
+        // request of no blocks, only a part counts.
+        let holds_prefix = match req.total_blocks {
+            0 => candidates.iter().any(|c| live(c) && c.partial_block > 0.0),
+            _ => longest > 0.0,
+        };
+        let adapter_runs = req.adapter.is_some()
+            && candidates
+                .iter()
+                .any(|c| live(c) && c.adapter_fit == AdapterFit::Running);
         let cold = !adapter_runs && !holds_prefix;
         let w = &self.config.weights;
         let weight_sum = spec

@@ -26,12 +26,16 @@ impl Filter for HealthFilter {
     }
 
     fn filter(&self, ctx: &Context, kept: &mut Vec<usize>) -> Option<Note> {
-        if kept.iter().any(|&i| ctx.candidates[i].healthy) {
-            kept.retain(|&i| ctx.candidates[i].healthy);
-            None
-        } else {
-            Some(Note::Fallback)
+        // Counted first: in the usual case every candidate is healthy and
+        // there is nothing to retain.
+        let healthy = kept.iter().filter(|&&i| ctx.candidates[i].healthy).count();
+        if healthy == 0 {
+            return Some(Note::Fallback);
         }
+        if healthy < kept.len() {
+            kept.retain(|&i| ctx.candidates[i].healthy);
+        }
+        None
     }
 }
 
