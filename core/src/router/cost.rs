@@ -7,6 +7,7 @@
 use super::Router;
 use crate::endpoint::Endpoint;
 use crate::float::{max_num, min_num, non_negative};
+use crate::scheduler::figures::Figures;
 use crate::scheduler::{Candidate, CostCheck, Decision, Overruled, Reason, RequestFacts};
 use crate::ttft::Prediction;
 
@@ -34,6 +35,7 @@ impl Router {
         &self,
         decision: &mut Decision,
         candidates: &[Candidate],
+        figures: &Figures,
         req: &RequestFacts,
         now_ms: u64,
     ) {
@@ -56,7 +58,7 @@ impl Router {
         };
         let prediction = self.prediction(chosen, req.prompt_tokens, now_ms);
         // A pass over the pool: only when a check prices a move.
-        let arrivals_per_ms = || self.arrivals_per_ms(candidates);
+        let arrivals_per_ms = || self.arrivals_per_ms(figures);
         // The best scored others, priced against the pick.
         let cheaper_rival = || {
             let rivals = decision.scores.iter().filter_map(|&(e, _)| at(e));
@@ -206,18 +208,15 @@ impl Router {
     /// (`slots.rs`: its prefill and answer, learnt with
     /// `scheduling.slot_wait`, 1 s until then), per candidate. What
     /// [`charged`] weighs a repeated prefill by.
-    fn arrivals_per_ms(&self, candidates: &[Candidate]) -> f64 {
-        // Summed in four independent chains (one chain of additions
-        // through a pool of 1024 was most of this pass's time); the healthy
-        // ones counted as an integer.
+    fn arrivals_per_ms(&self, figures: &Figures) -> f64 {
+        // From the candidates' `present` and `healthy` columns, summed in
+        // four independent chains (one chain of additions through a pool
+        // of 1024 was most of this pass's time).
         let (mut present, mut n) = ([0.0; 4], 0usize);
-        for (i, c) in candidates.iter().enumerate() {
-            let here = max_num(
-                c.snapshot.map_or(0.0, |s| s.running + s.waiting),
-                f64::from(c.inflight.requests),
-            );
-            present[i & 3] += if c.healthy { here } else { 0.0 };
-            n += usize::from(c.healthy);
+        let columns = figures.present.iter().zip(&figures.healthy);
+        for (i, (&here, &healthy)) in columns.enumerate() {
+            present[i & 3] += if healthy { here } else { 0.0 };
+            n += usize::from(healthy);
         }
         let (present, n) = (present.iter().sum::<f64>(), n as f64);
         let held = self.slots.held_ms();

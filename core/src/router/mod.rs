@@ -16,11 +16,13 @@ use crate::config::{Config, Profile};
 use crate::decode_speed::DecodeSpeed;
 use crate::endpoint::Endpoint;
 use crate::inflight::InFlight;
+use crate::metrics::lora::AdapterFit;
 use crate::metrics::schedule;
 use crate::models::{ModelNotFound, ModelPools, Scope};
 use crate::objectives::Objective;
 use crate::outlier::OutlierTable;
 use crate::prefix::{PrefixIndex, PrefixMatch, Prompt};
+use crate::scheduler::figures::Figures;
 use crate::scheduler::{Candidate, Decision, RequestFacts, Scheduler};
 use crate::shared::endpoint_state::{EndpointStates, ScrapeState};
 use crate::slots::SlotLimits;
@@ -428,7 +430,11 @@ impl Router {
             candidates.push(Candidate {
                 endpoint: *endpoint,
                 snapshot: state.current(now_ms, stale_after, load.requests),
-                adapter_fit: state.adapter_fit(adapter, now_ms, stale_after),
+                // A base-model request does not read the adapters.
+                adapter_fit: match adapter {
+                    Some(_) => state.adapter_fit(adapter, now_ms, stale_after),
+                    None => AdapterFit::Unknown,
+                },
                 healthy: state.healthy(metrics.unhealthy_after_failures) && !ejected(endpoint),
                 matched_blocks: m.map_or(0, |m| m.blocks),
                 partial_block: m.map_or(0.0, |m| m.partial()),
@@ -450,13 +456,16 @@ impl Router {
             affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
             adapter,
         };
+        let figures = Figures::measure(&facts, &candidates);
         let mut decision = if self.config.scheduling.profile == Profile::PredictedTtft {
             let predictions = self.predict(&candidates, prompt_tokens, now_ms);
             self.scheduler
-                .pick_predicted(&facts, &candidates, &predictions, rng)?
+                .pick_measured(&facts, &candidates, &figures, &predictions, rng)?
         } else {
-            let mut decision = self.scheduler.pick(&facts, &candidates, rng)?;
-            self.check_by_cost(&mut decision, &candidates, &facts, now_ms);
+            let mut decision =
+                self.scheduler
+                    .pick_measured(&facts, &candidates, &figures, &[], rng)?;
+            self.check_by_cost(&mut decision, &candidates, &figures, &facts, now_ms);
             decision
         };
         if !self.cache_trust.distrusted().is_empty() {
@@ -757,7 +766,8 @@ mod tests {
                 r.scheduler
                     .pick(&facts, &candidates, &mut fastrand::Rng::with_seed(seed));
             if let Some(d) = &mut want {
-                r.check_by_cost(d, &candidates, &facts, now);
+                let figures = Figures::measure(&facts, &candidates);
+                r.check_by_cost(d, &candidates, &figures, &facts, now);
             }
             assert_eq!(got, want, "round {round}");
         }

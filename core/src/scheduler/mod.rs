@@ -8,7 +8,10 @@
 //!
 //! Layout: contracts in [`plugin`], one file per filter in [`filter`] and
 //! per scorer in [`scorer`], the picker in [`picker`], the two profiles in
-//! [`profile`]. Each file's `//!` comment has its formula.
+//! [`profile`]. Each file's `//!` comment has its formula. What the plugins
+//! read of each candidate is measured once per decision, a column per
+//! figure ([`figures`]); a scorer that only rates a column is scored
+//! straight from it.
 //!
 //! ## Weights (defaults) and why
 //!
@@ -52,6 +55,7 @@
 //! - Pure: same inputs and RNG seed, same decision. The RNG is only drawn
 //!   from to break ties.
 
+pub mod figures;
 pub mod filter;
 pub mod picker;
 pub mod plugin;
@@ -65,6 +69,7 @@ use crate::inflight::InFlight;
 use crate::metrics::lora::AdapterFit;
 use crate::metrics::MetricsSnapshot;
 use crate::ttft::Prediction;
+use figures::Figures;
 use plugin::{Context, Note};
 
 /// One endpoint as the scheduler sees it for one request.
@@ -246,6 +251,22 @@ impl Scheduler {
         predictions: &[Prediction],
         rng: &mut fastrand::Rng,
     ) -> Option<Decision> {
+        let figures = Figures::measure(req, candidates);
+        self.pick_measured(req, candidates, &figures, predictions, rng)
+    }
+
+    /// [`Scheduler::pick_predicted`] with the candidates' figures for this
+    /// request already measured (`Figures::measure(req, candidates)`; the
+    /// router reads them again after the pick).
+    pub fn pick_measured(
+        &self,
+        req: &RequestFacts,
+        candidates: &[Candidate],
+        figures: &Figures,
+        predictions: &[Prediction],
+        rng: &mut fastrand::Rng,
+    ) -> Option<Decision> {
+        debug_assert_eq!(figures.len(), candidates.len());
         if candidates.is_empty() {
             return None;
         }
@@ -254,6 +275,7 @@ impl Scheduler {
             req,
             candidates,
             config: &self.config,
+            figures,
         };
         let mut kept: Vec<usize> = (0..candidates.len()).collect();
         let mut fallback = false;
@@ -289,10 +311,11 @@ impl Scheduler {
         // one pass of four independent chains.
         let live = |c: &Candidate| c.healthy || fallback;
         let mut longest = [0.0; 4];
-        for (i, c) in candidates.iter().enumerate() {
+        let columns = figures.matched.iter().zip(&figures.healthy);
+        for (i, (&matched, &healthy)) in columns.enumerate() {
             // A comparison, not `f64::max`: the same for these (never NaN
             // in a comparison that wins), without its NaN handling.
-            let matched = if live(c) { c.matched() } else { 0.0 };
+            let matched = if healthy || fallback { matched } else { 0.0 };
             let lane = &mut longest[i & 3];
             if matched > *lane {
                 *lane = matched;
@@ -420,10 +443,15 @@ impl Scheduler {
     fn score(&self, ctx: &Context, kept: &[usize]) -> Vec<f64> {
         let spec = profile::spec(self.config.profile);
         let mut total = vec![0.0; kept.len()];
-        let mut raw = Vec::with_capacity(kept.len());
+        let mut raw = Vec::new();
         for s in spec.scorers {
             let weight = s.weight(&self.config.weights);
             if weight <= 0.0 || !weight.is_finite() || !s.applies(ctx.req) {
+                continue;
+            }
+            // Straight from its column, without a score vector.
+            if let Some((column, scale)) = s.figure(ctx) {
+                scale.add_weighted(column, kept, weight, &mut total);
                 continue;
             }
             s.score(ctx, kept, &mut raw);

@@ -7,12 +7,15 @@
 //!   0..1 with 1 = best. Scorers are stateless and know nothing of weights:
 //!   the engine in `scheduler/mod.rs` clamps every score to [0, 1] (`NaN`
 //!   becomes 0), multiplies by the scorer's weight and sums; a weight of 0
-//!   skips the scorer entirely.
+//!   skips the scorer entirely. Most scorers only name a column of the
+//!   candidates' [`Figures`] and its [`Scale`] (`Scorer::figure`): the
+//!   engine then scales, weights and sums straight from the column.
 //! - The picker (`scheduler/picker.rs`) takes the summed scores.
 //!
 //! Plugins are zero-sized and read their parameters from
 //! [`Context::config`], so a profile is a static list of plugin references.
 
+use super::figures::{kept_entries, Figures};
 use super::{Candidate, RequestFacts};
 use crate::config::{SchedulingConfig, Weights};
 use crate::float::{min_num, non_negative};
@@ -27,24 +30,9 @@ pub struct Context<'a> {
     pub candidates: &'a [Candidate],
     /// The scheduling configuration.
     pub config: &'a SchedulingConfig,
-}
-
-impl Context<'_> {
-    /// Writes `f` of each kept candidate, in order, into `out` (cleared
-    /// first). `kept` only ever loses entries (filters retain, never add or
-    /// reorder), so when it is as long as `candidates` it is `0..n`: the
-    /// usual case, read straight from the candidates, with no index to load
-    /// and check per candidate.
-    #[inline]
-    pub fn each_kept(&self, kept: &[usize], out: &mut Vec<f64>, f: impl Fn(&Candidate) -> f64) {
-        out.clear();
-        if kept.len() == self.candidates.len() {
-            debug_assert!(kept.iter().enumerate().all(|(k, &i)| k == i));
-            out.extend(self.candidates.iter().map(f));
-        } else {
-            out.extend(kept.iter().map(|&i| f(&self.candidates[i])));
-        }
-    }
+    /// What the plugins read of each candidate, measured once
+    /// (`figures.rs`).
+    pub figures: &'a Figures,
 }
 
 /// What a filter observed, for the decision's [`Reason`](super::Reason).
@@ -78,8 +66,71 @@ pub trait Scorer: fmt::Debug + Sync {
     fn applies(&self, _req: &RequestFacts) -> bool {
         true
     }
-    /// Writes one score per entry of `kept` into `out` (cleared first).
-    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>);
+    /// The column of the candidates' figures this scorer rates and how
+    /// its values become scores, if that is all it does (the engine then
+    /// scores from the column: [`Scale::add_weighted`]); `None` for a
+    /// scorer that implements [`Scorer::score`] instead.
+    fn figure<'a>(&self, _ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
+        None
+    }
+    /// Writes one score per entry of `kept` into `out` (cleared first). By
+    /// default the scaled figure of each (neutral without one).
+    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
+        let Some((column, scale)) = self.figure(ctx) else {
+            out.clear();
+            out.resize(kept.len(), NEUTRAL);
+            return;
+        };
+        let mut scratch = Vec::new();
+        out.clear();
+        out.extend_from_slice(kept_entries(column, kept, &mut scratch));
+        scale.apply(out);
+    }
+}
+
+/// How a scorer's figures become its scores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale {
+    /// The figure is the score (meant to be in 0..1).
+    AsIs,
+    /// Lower is better, spread over the kept candidates with a floor on
+    /// the range: [`spread_scores`].
+    Spread {
+        /// The least range (`max - min`) the values are spread over.
+        floor: f64,
+    },
+}
+
+impl Scale {
+    /// Turns the figures `xs` of the kept candidates into scores, in place.
+    pub fn apply(self, xs: &mut [f64]) {
+        match self {
+            Scale::AsIs => {}
+            Scale::Spread { floor } => spread_scores(xs, floor),
+        }
+    }
+
+    /// Adds `weight` x each kept candidate's score, clamped to 0..1 (`NaN`
+    /// as 0), to its entry of `total`: [`Scale::apply`] then the engine's
+    /// sum, in one loop over the column and no score vector.
+    pub fn add_weighted(self, column: &[f64], kept: &[usize], weight: f64, total: &mut [f64]) {
+        let mut scratch = Vec::new();
+        let xs = kept_entries(column, kept, &mut scratch);
+        let add = |t: &mut f64, score: f64| *t += min_num(non_negative(score), 1.0) * weight;
+        match self {
+            Scale::AsIs => {
+                for (t, &x) in total.iter_mut().zip(xs) {
+                    add(t, x);
+                }
+            }
+            Scale::Spread { floor } => {
+                let (lo, inv) = spread_range(xs, floor);
+                for (t, &x) in total.iter_mut().zip(xs) {
+                    add(t, spread_one(x, lo, inv));
+                }
+            }
+        }
+    }
 }
 
 /// Score a candidate gets when the figure a scorer needs is unknown (no
@@ -98,6 +149,15 @@ pub const NEUTRAL: f64 = 0.5;
 /// each of a large pool's candidates, and no scorer has a NaN to report
 /// (their inputs are counts and finite sums).
 pub fn spread_scores(xs: &mut [f64], floor: f64) {
+    let (lo, inv) = spread_range(xs, floor);
+    for x in xs.iter_mut() {
+        *x = spread_one(*x, lo, inv);
+    }
+}
+
+/// The least finite value of `xs` and the inverse of the range it is
+/// spread over (0 without a positive range): [`spread_scores`]' first pass.
+fn spread_range(xs: &[f64], floor: f64) -> (f64, f64) {
     // Min and max of the finite values in four independent chains: on
     // finite values a comparison finds the same extremes as `f64::min`/`max`
     // (up to the sign of a zero, which no score below can tell), without
@@ -127,13 +187,21 @@ pub fn spread_scores(xs: &mut [f64], floor: f64) {
     // most of this function at 1024 endpoints); within an ulp of dividing.
     // Without a positive range every known value scores 1.
     let inv = if range > 0.0 { 1.0 / range } else { 0.0 };
-    // Every entry's three outcomes computed and one selected, without a
-    // branch: the values of a pool repeat in no pattern a branch predictor
-    // learns. `1 - (x - lo) * inv` is exactly 1 at `x == lo`.
-    for x in xs.iter_mut() {
-        let spread = 1.0 - (*x - lo) * inv;
-        let known = if x.is_finite() { spread } else { 0.0 };
-        *x = if x.is_nan() { NEUTRAL } else { known };
+    (lo, inv)
+}
+
+/// One value's score by [`spread_range`]'s `lo` and `inv`. Every outcome
+/// computed and one selected, without a branch: the values of a pool
+/// repeat in no pattern a branch predictor learns. `1 - (x - lo) * inv` is
+/// exactly 1 at `x == lo`.
+#[inline]
+fn spread_one(x: f64, lo: f64, inv: f64) -> f64 {
+    let spread = 1.0 - (x - lo) * inv;
+    let known = if x.is_finite() { spread } else { 0.0 };
+    if x.is_nan() {
+        NEUTRAL
+    } else {
+        known
     }
 }
 
@@ -241,6 +309,49 @@ mod tests {
                     "{xs:?} floor {floor}: {got} vs {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn scores_added_from_a_column_are_the_scores_applied_then_summed() {
+        let mut rng = fastrand::Rng::with_seed(21);
+        let odd = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 2.5];
+        for round in 0..3000 {
+            let n = rng.usize(1..40);
+            let column: Vec<f64> = (0..n)
+                .map(|_| match rng.u8(0..8) {
+                    0 => odd[rng.usize(..odd.len())],
+                    1..=3 => f64::from(rng.u8(0..5)),
+                    _ => rng.f64() * 100.0,
+                })
+                .collect();
+            // Every candidate kept, or some (in order, at least one).
+            let mut kept: Vec<usize> = (0..n).filter(|_| rng.u8(0..3) != 0).collect();
+            if rng.bool() || kept.is_empty() {
+                kept = (0..n).collect();
+            }
+            let scale = match rng.u8(0..3) {
+                0 => Scale::AsIs,
+                1 => Scale::Spread { floor: 0.0 },
+                _ => Scale::Spread { floor: 4.0 },
+            };
+            let weight = [1.0, 2.0, 0.5][round % 3];
+            let start: Vec<f64> = kept.iter().map(|_| rng.f64()).collect();
+            let mut want = start.clone();
+            let mut scores: Vec<f64> = kept.iter().map(|&i| column[i]).collect();
+            scale.apply(&mut scores);
+            for (t, s) in want.iter_mut().zip(scores) {
+                *t += min_num(non_negative(s), 1.0) * weight;
+            }
+            let mut got = start;
+            scale.add_weighted(&column, &kept, weight, &mut got);
+            // Bit for bit: the same operations in the same order.
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "round {round}: {column:?} {kept:?} {scale:?}"
+            );
         }
     }
 

@@ -94,6 +94,7 @@ mod tests {
     use super::*;
     use crate::config::SchedulingConfig;
     use crate::metrics::MetricsSnapshot;
+    use crate::scheduler::figures::Figures;
     use crate::scheduler::test_support::cand;
     use crate::scheduler::{Candidate, RequestFacts};
     #[cfg(target_arch = "wasm32")]
@@ -224,6 +225,7 @@ mod tests {
             req: &req,
             candidates: &big,
             config: &no_token_gate,
+            figures: &Figures::measure(&req, &big),
         };
         let mut kept = vec![0, 1];
         assert_eq!(
@@ -235,6 +237,7 @@ mod tests {
                 req: &req,
                 candidates: &cands,
                 config: &cfg,
+                figures: &Figures::measure(&req, &cands),
             };
             let mut kept: Vec<usize> = (0..cands.len()).collect();
             assert_eq!(AffinityGateFilter.filter(&ctx, &mut kept), note, "{what}");

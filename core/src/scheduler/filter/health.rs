@@ -8,7 +8,7 @@
 //! `Fallback`): routing somewhere beats failing the request, and a scrape
 //! outage (e.g. a wrong `metrics.path`) must not take the pool down.
 //!
-//! **Inputs**: `healthy`. **Config**: none (the threshold lives in
+//! **Inputs**: `healthy` (its column in `figures.rs`). **Config**: none (the threshold lives in
 //! `metrics`). **Operational notes**: a stale-but-answering endpoint stays a
 //! candidate; it only loses its snapshot-based scores (see the scorers'
 //! neutral value). Count `Fallback` decisions: a non-zero rate means
@@ -28,12 +28,16 @@ impl Filter for HealthFilter {
     fn filter(&self, ctx: &Context, kept: &mut Vec<usize>) -> Option<Note> {
         // Counted first: in the usual case every candidate is healthy and
         // there is nothing to retain.
-        let healthy = kept.iter().filter(|&&i| ctx.candidates[i].healthy).count();
-        if healthy == 0 {
+        let healthy = &ctx.figures.healthy;
+        let count = match kept.len() == healthy.len() {
+            true => healthy.iter().filter(|&&h| h).count(),
+            false => kept.iter().filter(|&&i| healthy[i]).count(),
+        };
+        if count == 0 {
             return Some(Note::Fallback);
         }
-        if healthy < kept.len() {
-            kept.retain(|&i| ctx.candidates[i].healthy);
+        if count < kept.len() {
+            kept.retain(|&i| healthy[i]);
         }
         None
     }
@@ -43,6 +47,7 @@ impl Filter for HealthFilter {
 mod tests {
     use super::*;
     use crate::config::SchedulingConfig;
+    use crate::scheduler::figures::Figures;
     use crate::scheduler::test_support::cand;
     use crate::scheduler::RequestFacts;
     #[cfg(target_arch = "wasm32")]
@@ -72,6 +77,7 @@ mod tests {
                 req: &req,
                 candidates: &cands,
                 config: &cfg,
+                figures: &Figures::measure(&req, &cands),
             };
             let mut kept: Vec<usize> = (0..cands.len()).collect();
             assert_eq!(HealthFilter.filter(&ctx, &mut kept), *note, "{health:?}");

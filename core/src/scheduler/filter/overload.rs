@@ -25,7 +25,8 @@
 //! scrape interval when kvroute itself piles requests onto a queueing
 //! endpoint.
 
-use super::super::plugin::{effective_queue, Context, Filter, Note};
+use super::super::figures::kept_entries;
+use super::super::plugin::{Context, Filter, Note};
 
 /// Drops candidates queueing far more than the least loaded one.
 #[derive(Clone, Copy, Debug, Default)]
@@ -40,20 +41,15 @@ impl Filter for OverloadFilter {
         // Each candidate read once (at 1024 endpoints a second strided pass
         // over the candidates cost more than the arithmetic).
         // Unknown (no fresh snapshot) is NaN: a queue is never NaN itself.
-        let mut queues = Vec::with_capacity(kept.len());
-        ctx.each_kept(kept, &mut queues, |c| {
-            effective_queue(c).unwrap_or(f64::NAN)
-        });
-        let (min, max) = extremes_ignoring_nan(&queues)?;
+        let mut scratch = Vec::new();
+        let queues = kept_entries(&ctx.figures.queue, kept, &mut scratch);
+        let (min, max) = extremes_ignoring_nan(queues)?;
         let limit = min + ctx.config.gate_max_queue_excess;
         if max <= limit {
             return None; // nobody is over (the usual case): nothing to drop
         }
-        let mut queue = queues.into_iter();
-        kept.retain(|_| {
-            let q = queue.next().unwrap_or(f64::NAN);
-            q.is_nan() || q <= limit
-        });
+        let queue = &ctx.figures.queue;
+        kept.retain(|&i| queue[i].is_nan() || queue[i] <= limit);
         None
     }
 }
@@ -89,6 +85,7 @@ fn extremes_ignoring_nan(xs: &[f64]) -> Option<(f64, f64)> {
 mod tests {
     use super::*;
     use crate::config::SchedulingConfig;
+    use crate::scheduler::figures::Figures;
     use crate::scheduler::test_support::cand;
     use crate::scheduler::RequestFacts;
     #[cfg(target_arch = "wasm32")]
@@ -143,6 +140,7 @@ mod tests {
                 req: &req,
                 candidates: &cands,
                 config: &cfg,
+                figures: &Figures::measure(&req, &cands),
             };
             let mut kept: Vec<usize> = (0..cands.len()).collect();
             assert_eq!(OverloadFilter.filter(&ctx, &mut kept), None);

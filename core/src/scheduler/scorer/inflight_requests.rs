@@ -26,7 +26,7 @@
 //! **Operational notes**: counts only kvroute's traffic; other clients of
 //! the same endpoint show up through the queue and KV scorers.
 
-use super::super::plugin::{spread_scores, Context, Scorer};
+use super::super::plugin::{Context, Scale, Scorer};
 use crate::config::Weights;
 
 /// Fewer of kvroute's requests outstanding is better.
@@ -42,9 +42,9 @@ impl Scorer for InFlightRequestsScorer {
         w.inflight_requests
     }
 
-    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        ctx.each_kept(kept, out, |c| f64::from(c.inflight.requests));
-        spread_scores(out, ctx.config.min_range_inflight);
+    fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
+        let floor = ctx.config.min_range_inflight;
+        Some((&ctx.figures.inflight_requests, Scale::Spread { floor }))
     }
 }
 

@@ -24,7 +24,7 @@
 //! **Config**: `scheduling.weights.inflight_tokens` (1),
 //! `scheduling.min_range_tokens` (4096).
 
-use super::super::plugin::{spread_scores, uncached_tokens, Context, Scorer};
+use super::super::plugin::{Context, Scale, Scorer};
 use crate::config::Weights;
 
 /// Less prefill work pending (including this request's) is better.
@@ -40,11 +40,9 @@ impl Scorer for InFlightTokensScorer {
         w.inflight_tokens
     }
 
-    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        ctx.each_kept(kept, out, |c| {
-            c.inflight.tokens as f64 + uncached_tokens(ctx.req, c)
-        });
-        spread_scores(out, ctx.config.min_range_tokens);
+    fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
+        let floor = ctx.config.min_range_tokens;
+        Some((&ctx.figures.pending_tokens, Scale::Spread { floor }))
     }
 }
 

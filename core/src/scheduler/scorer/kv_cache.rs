@@ -11,7 +11,7 @@
 //!
 //! **Config**: `scheduling.weights.kv_cache` (2).
 
-use super::super::plugin::{Context, Scorer, NEUTRAL};
+use super::super::plugin::{Context, Scale, Scorer, NEUTRAL};
 use crate::config::Weights;
 
 /// Free KV-cache fraction.
@@ -27,13 +27,17 @@ impl Scorer for KvCacheScorer {
         w.kv_cache
     }
 
-    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        ctx.each_kept(kept, out, |c| {
-            match c.snapshot.as_ref().and_then(|s| s.kv_usage) {
-                Some(u) if u.is_finite() => 1.0 - u.clamp(0.0, 1.0),
-                _ => NEUTRAL,
-            }
-        });
+    fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
+        Some((&ctx.figures.kv_free, Scale::AsIs))
+    }
+}
+
+/// The score of an engine at `usage` (its KV-cache utilization, if known):
+/// the free share, or neutral when unknown or not a number.
+pub fn free_share(usage: Option<f64>) -> f64 {
+    match usage {
+        Some(u) if u.is_finite() => 1.0 - u.clamp(0.0, 1.0),
+        _ => NEUTRAL,
     }
 }
 

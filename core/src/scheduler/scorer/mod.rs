@@ -18,6 +18,7 @@ pub use queue::QueueScorer;
 #[cfg(test)]
 pub(crate) mod test_util {
     use crate::config::SchedulingConfig;
+    use crate::scheduler::figures::Figures;
     use crate::scheduler::plugin::{Context, Scorer};
     use crate::scheduler::{Candidate, RequestFacts};
 
@@ -32,6 +33,7 @@ pub(crate) mod test_util {
             req,
             candidates: cands,
             config: cfg,
+            figures: &Figures::measure(req, cands),
         };
         let kept: Vec<usize> = (0..cands.len()).collect();
         let mut out = vec![];

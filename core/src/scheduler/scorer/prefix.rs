@@ -18,7 +18,7 @@
 //! differences but loses once the endpoint is clearly overloaded; see the
 //! weight rationale in `scheduler/mod.rs`.
 
-use super::super::plugin::{prefix_fraction, Context, Scorer};
+use super::super::plugin::{Context, Scale, Scorer};
 use crate::config::Weights;
 
 /// Fraction of the request's blocks the endpoint holds.
@@ -34,8 +34,8 @@ impl Scorer for PrefixScorer {
         w.prefix
     }
 
-    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
-        ctx.each_kept(kept, out, |c| prefix_fraction(ctx.req, c));
+    fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
+        Some((&ctx.figures.prefix, Scale::AsIs))
     }
 }
 

@@ -33,7 +33,7 @@
 //! **Config**: `scheduling.weights.queue` (2), `scheduling.
 //! min_range_requests` (4).
 
-use super::super::plugin::{effective_queue, spread_scores, Context, Scorer};
+use super::super::plugin::{Context, Scale, Scorer};
 use crate::config::Weights;
 
 /// Fewer waiting requests is better.
@@ -49,11 +49,11 @@ impl Scorer for QueueScorer {
         w.queue
     }
 
-    fn score(&self, ctx: &Context, kept: &[usize], out: &mut Vec<f64>) {
+    fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
         // Unknown (no fresh snapshot) is NaN for `spread_scores`; a queue
         // is never NaN itself.
-        ctx.each_kept(kept, out, |c| effective_queue(c).unwrap_or(f64::NAN));
-        spread_scores(out, ctx.config.min_range_requests);
+        let floor = ctx.config.min_range_requests;
+        Some((&ctx.figures.queue, Scale::Spread { floor }))
     }
 }
 
