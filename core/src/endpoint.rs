@@ -4,14 +4,44 @@
 //! or a config could write ever becomes an upstream that is not a socket
 //! address.
 
+use std::cmp::Ordering;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::str::FromStr;
 
 /// A model-server endpoint: a socket address, printed as `ip:port`
-/// (`[v6]:port` for IPv6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// (`[v6]:port` for IPv6). Ordered as its socket address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint(SocketAddr);
+
+/// The socket address's own order, with two IPv4 addresses compared as one
+/// integer each (address, then port) rather than the address byte by byte
+/// then the port: the tables a decision walks are sorted by endpoint, and
+/// one over 1024 endpoints compares a few thousand pairs.
+impl Ord for Endpoint {
+    #[inline]
+    fn cmp(&self, other: &Self) -> Ordering {
+        fn key(a: &SocketAddrV4) -> u64 {
+            u64::from(a.ip().to_bits()) << 16 | u64::from(a.port())
+        }
+        #[cold]
+        #[inline(never)]
+        fn other_families(a: &SocketAddr, b: &SocketAddr) -> Ordering {
+            a.cmp(b)
+        }
+        match (&self.0, &other.0) {
+            (SocketAddr::V4(a), SocketAddr::V4(b)) => key(a).cmp(&key(b)),
+            (a, b) => other_families(a, b),
+        }
+    }
+}
+
+impl PartialOrd for Endpoint {
+    #[inline]
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 impl Endpoint {
     /// Wraps a socket address.
@@ -110,6 +140,33 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn order_is_the_socket_address_order() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        // Few distinct values per part, so that ties on each part occur.
+        let mut any = || -> SocketAddr {
+            let port = [1, 80, 8000, 65535][rng.usize(..4)];
+            if rng.bool() {
+                let ip = [
+                    [10, 0, 0, 1],
+                    [10, 0, 0, 2],
+                    [10, 0, 1, 0],
+                    [192, 168, 0, 1],
+                ];
+                SocketAddr::from((ip[rng.usize(..4)], port))
+            } else {
+                let ip = [[0u16, 0, 0, 0, 0, 0, 0, 1], [0xfe80, 0, 0, 0, 0, 0, 0, 1]];
+                SocketAddr::from((ip[rng.usize(..2)], port))
+            }
+        };
+        for _ in 0..5000 {
+            let (a, b) = (any(), any());
+            let (x, y) = (Endpoint::new(a), Endpoint::new(b));
+            assert_eq!(x.cmp(&y), a.cmp(&b), "{a} vs {b}");
+            assert_eq!(x.partial_cmp(&y), a.partial_cmp(&b), "{a} vs {b}");
+        }
+    }
 
     #[test]
     fn parses_v4_and_v6() {

@@ -392,7 +392,7 @@ impl Router {
             .filter_map(|m| Some((self.pool.binary_search(&m.endpoint).ok()?, m)))
             .collect();
         by_index.sort_unstable_by_key(|(i, _)| *i);
-        let mut matched = by_index.into_iter().peekable();
+        let mut next_match = 0;
         let entries = &states.entries;
         let mut next_entry = 0;
         let unknown = ScrapeState::default();
@@ -415,7 +415,13 @@ impl Router {
                     _ => break &unknown,
                 }
             };
-            let m = matched.next_if(|(k, _)| *k == i).map(|(_, m)| m);
+            let m = match by_index.get(next_match) {
+                Some(&(k, m)) if k == i => {
+                    next_match += 1;
+                    Some(m)
+                }
+                _ => None,
+            };
             let load = inflight(endpoint);
             let suspect = stall.is_some_and(|s| s.suspect(&load, state.answered_at_ms));
             // Once one is found, no other needs the look.
