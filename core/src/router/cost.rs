@@ -213,7 +213,7 @@ impl Router {
         // four independent chains (one chain of additions through a pool
         // of 1024 was most of this pass's time).
         let (mut present, mut n) = ([0.0; 4], 0usize);
-        let columns = figures.present.iter().zip(&figures.healthy);
+        let columns = figures.present().iter().zip(figures.healthy());
         for (i, (&here, &healthy)) in columns.enumerate() {
             present[i & 3] += if healthy { here } else { 0.0 };
             n += usize::from(healthy);

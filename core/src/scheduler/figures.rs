@@ -27,25 +27,18 @@ use super::{Candidate, RequestFacts};
 use crate::float::max_num;
 
 /// Per-candidate figures, one column each (same index as the candidates).
+/// The number columns lie one after another in one allocation (a decision
+/// over a few endpoints paid more for eight allocations than for the
+/// figures).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Figures {
-    /// Not believed down.
-    pub healthy: Vec<bool>,
-    /// Matched blocks, the partial block included.
-    pub matched: Vec<f64>,
-    /// Effective queue (waiting plus kvroute's excess), NaN when unknown.
-    pub queue: Vec<f64>,
-    /// Free share of the KV cache, 0..1 (neutral when unknown).
-    pub kv_free: Vec<f64>,
-    /// kvroute's requests in flight.
-    pub inflight_requests: Vec<f64>,
-    /// kvroute's in-flight prefill tokens plus this request's uncached ones.
-    pub pending_tokens: Vec<f64>,
-    /// Share of the request the candidate holds, 0..1.
-    pub prefix: Vec<f64>,
-    /// Requests there: the engine's count or kvroute's, the larger.
-    pub present: Vec<f64>,
+    healthy: Vec<bool>,
+    /// `COLUMNS` columns of `healthy.len()` each, in the accessors' order.
+    values: Vec<f64>,
 }
+
+/// Number columns.
+const COLUMNS: usize = 7;
 
 impl Figures {
     /// Measures every candidate for `req`.
@@ -53,20 +46,19 @@ impl Figures {
         let n = candidates.len();
         let mut f = Figures {
             healthy: vec![false; n],
-            matched: vec![0.0; n],
-            queue: vec![0.0; n],
-            kv_free: vec![0.0; n],
-            inflight_requests: vec![0.0; n],
-            pending_tokens: vec![0.0; n],
-            prefix: vec![0.0; n],
-            present: vec![0.0; n],
+            values: vec![0.0; COLUMNS * n],
         };
-        // Zipped slices: no capacity or bounds check per entry (a push to
-        // each of seven columns cost more than the figures).
-        let rows = f.healthy.iter_mut().zip(&mut f.matched).zip(&mut f.queue);
-        let rows = rows.zip(f.kv_free.iter_mut().zip(&mut f.inflight_requests));
-        let rows = rows.zip(f.pending_tokens.iter_mut().zip(&mut f.prefix));
-        let rows = rows.zip(&mut f.present);
+        let (matched, rest) = f.values.split_at_mut(n);
+        let (queue, rest) = rest.split_at_mut(n);
+        let (kv_free, rest) = rest.split_at_mut(n);
+        let (inflight_requests, rest) = rest.split_at_mut(n);
+        let (pending_tokens, rest) = rest.split_at_mut(n);
+        let (prefix, present) = rest.split_at_mut(n);
+        // Zipped slices: no bounds check per entry.
+        let rows = f.healthy.iter_mut().zip(matched).zip(queue);
+        let rows = rows.zip(kv_free.iter_mut().zip(inflight_requests));
+        let rows = rows.zip(pending_tokens.iter_mut().zip(prefix));
+        let rows = rows.zip(present);
         let prompt_tokens = req.prompt_tokens as f64;
         for (c, row) in candidates.iter().zip(rows) {
             let (((((healthy, matched), queue), (kv_free, requests)), (pending, prefix)), present) =
@@ -94,6 +86,51 @@ impl Figures {
     /// True when no candidate was measured.
     pub fn is_empty(&self) -> bool {
         self.healthy.is_empty()
+    }
+
+    /// Not believed down.
+    pub fn healthy(&self) -> &[bool] {
+        &self.healthy
+    }
+
+    /// Matched blocks, the partial block included.
+    pub fn matched(&self) -> &[f64] {
+        self.column(0)
+    }
+
+    /// Effective queue (waiting plus kvroute's excess), NaN when unknown.
+    pub fn queue(&self) -> &[f64] {
+        self.column(1)
+    }
+
+    /// Free share of the KV cache, 0..1 (neutral when unknown).
+    pub fn kv_free(&self) -> &[f64] {
+        self.column(2)
+    }
+
+    /// kvroute's requests in flight.
+    pub fn inflight_requests(&self) -> &[f64] {
+        self.column(3)
+    }
+
+    /// kvroute's in-flight prefill tokens plus this request's uncached ones.
+    pub fn pending_tokens(&self) -> &[f64] {
+        self.column(4)
+    }
+
+    /// Share of the request the candidate holds, 0..1.
+    pub fn prefix(&self) -> &[f64] {
+        self.column(5)
+    }
+
+    /// Requests there: the engine's count or kvroute's, the larger.
+    pub fn present(&self) -> &[f64] {
+        self.column(6)
+    }
+
+    fn column(&self, k: usize) -> &[f64] {
+        let n = self.healthy.len();
+        self.values.get(k * n..(k + 1) * n).unwrap_or_default()
     }
 }
 
@@ -143,19 +180,19 @@ mod tests {
         b.healthy = false;
         let f = Figures::measure(&req, &[a.clone(), b.clone()]);
         assert_eq!(f.len(), 2);
-        assert_eq!(f.healthy, [true, false]);
-        assert_eq!(f.matched, [4.5, 0.0]);
+        assert_eq!(f.healthy(), [true, false]);
+        assert_eq!(f.matched(), [4.5, 0.0]);
         // a: 2 waiting + (5 - 3) sent since the scrape.
-        assert_eq!(f.queue[0], 4.0);
-        assert!(f.queue[1].is_nan());
-        assert_eq!(f.kv_free, [0.75, NEUTRAL]);
-        assert_eq!(f.inflight_requests, [5.0, 0.0]);
+        assert_eq!(f.queue()[0], 4.0);
+        assert!(f.queue()[1].is_nan());
+        assert_eq!(f.kv_free(), [0.75, NEUTRAL]);
+        assert_eq!(f.inflight_requests(), [5.0, 0.0]);
         let pending = |c: &Candidate| c.inflight.tokens as f64 + uncached_tokens(&req, c);
-        assert_eq!(f.pending_tokens, [pending(&a), pending(&b)]);
-        assert_eq!(f.pending_tokens, [300.0 + 550.0, 1000.0]);
-        assert_eq!(f.prefix, [0.45, 0.0]);
+        assert_eq!(f.pending_tokens(), [pending(&a), pending(&b)]);
+        assert_eq!(f.pending_tokens(), [300.0 + 550.0, 1000.0]);
+        assert_eq!(f.prefix(), [0.45, 0.0]);
         // a: the engine counted 3, kvroute has 5 there; b: no snapshot.
-        assert_eq!(f.present, [5.0, 0.0]);
+        assert_eq!(f.present(), [5.0, 0.0]);
     }
 
     #[test]

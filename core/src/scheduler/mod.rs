@@ -311,7 +311,7 @@ impl Scheduler {
         // one pass of four independent chains.
         let live = |c: &Candidate| c.healthy || fallback;
         let mut longest = [0.0; 4];
-        let columns = figures.matched.iter().zip(&figures.healthy);
+        let columns = figures.matched().iter().zip(figures.healthy());
         for (i, (&matched, &healthy)) in columns.enumerate() {
             // A comparison, not `f64::max`: the same for these (never NaN
             // in a comparison that wins), without its NaN handling.

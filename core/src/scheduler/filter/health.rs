@@ -28,7 +28,7 @@ impl Filter for HealthFilter {
     fn filter(&self, ctx: &Context, kept: &mut Vec<usize>) -> Option<Note> {
         // Counted first: in the usual case every candidate is healthy and
         // there is nothing to retain.
-        let healthy = &ctx.figures.healthy;
+        let healthy = ctx.figures.healthy();
         let count = match kept.len() == healthy.len() {
             true => healthy.iter().filter(|&&h| h).count(),
             false => kept.iter().filter(|&&i| healthy[i]).count(),

@@ -42,13 +42,13 @@ impl Filter for OverloadFilter {
         // over the candidates cost more than the arithmetic).
         // Unknown (no fresh snapshot) is NaN: a queue is never NaN itself.
         let mut scratch = Vec::new();
-        let queues = kept_entries(&ctx.figures.queue, kept, &mut scratch);
+        let queues = kept_entries(ctx.figures.queue(), kept, &mut scratch);
         let (min, max) = extremes_ignoring_nan(queues)?;
         let limit = min + ctx.config.gate_max_queue_excess;
         if max <= limit {
             return None; // nobody is over (the usual case): nothing to drop
         }
-        let queue = &ctx.figures.queue;
+        let queue = ctx.figures.queue();
         kept.retain(|&i| queue[i].is_nan() || queue[i] <= limit);
         None
     }

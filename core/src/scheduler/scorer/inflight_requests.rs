@@ -44,7 +44,7 @@ impl Scorer for InFlightRequestsScorer {
 
     fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
         let floor = ctx.config.min_range_inflight;
-        Some((&ctx.figures.inflight_requests, Scale::Spread { floor }))
+        Some((ctx.figures.inflight_requests(), Scale::Spread { floor }))
     }
 }
 

@@ -42,7 +42,7 @@ impl Scorer for InFlightTokensScorer {
 
     fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
         let floor = ctx.config.min_range_tokens;
-        Some((&ctx.figures.pending_tokens, Scale::Spread { floor }))
+        Some((ctx.figures.pending_tokens(), Scale::Spread { floor }))
     }
 }
 

@@ -28,7 +28,7 @@ impl Scorer for KvCacheScorer {
     }
 
     fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
-        Some((&ctx.figures.kv_free, Scale::AsIs))
+        Some((ctx.figures.kv_free(), Scale::AsIs))
     }
 }
 

@@ -35,7 +35,7 @@ impl Scorer for PrefixScorer {
     }
 
     fn figure<'a>(&self, ctx: &Context<'a>) -> Option<(&'a [f64], Scale)> {
-        Some((&ctx.figures.prefix, Scale::AsIs))
+        Some((ctx.figures.prefix(), Scale::AsIs))
     }
 }
 

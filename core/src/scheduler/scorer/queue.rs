@@ -53,7 +53,7 @@ impl Scorer for QueueScorer {
         // Unknown (no fresh snapshot) is NaN for `spread_scores`; a queue
         // is never NaN itself.
         let floor = ctx.config.min_range_requests;
-        Some((&ctx.figures.queue, Scale::Spread { floor }))
+        Some((ctx.figures.queue(), Scale::Spread { floor }))
     }
 }
 
