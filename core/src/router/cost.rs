@@ -57,7 +57,7 @@ impl Router {
             return;
         };
         let prediction = self.prediction(chosen, req.prompt_tokens, now_ms);
-        // A pass over the pool: only when a check prices a move.
+        // A pass over two columns: only when a check prices a move.
         let arrivals_per_ms = || self.arrivals_per_ms(figures);
         // The best scored others, priced against the pick.
         let cheaper_rival = || {

@@ -17,7 +17,7 @@
 //! | `queue` | [`effective_queue`], NaN without a fresh snapshot | overload filter, queue scorer |
 //! | `kv_free` | [`free_share`] of the snapshot's KV-cache usage | kv_cache scorer |
 //! | `inflight_requests` | kvroute's requests in flight there | inflight_requests scorer |
-//! | `pending_tokens` | kvroute's in-flight prefill tokens there plus this request's [`uncached_tokens`](super::plugin::uncached_tokens) | inflight_tokens scorer |
+//! | `pending_tokens` | kvroute's in-flight prefill tokens there plus this request's uncached ones, `prompt_tokens x (1 - prefix)` | inflight_tokens scorer |
 //! | `prefix` | [`prefix_fraction`] | prefix scorer |
 //! | `present` | requests there: the engine's count (running and waiting) or kvroute's in flight, the larger | the cost checks' arrival rate (`router/cost.rs`) |
 
@@ -69,7 +69,7 @@ impl Figures {
             *queue = effective_queue(c).unwrap_or(f64::NAN);
             *kv_free = free_share(c.snapshot.as_ref().and_then(|s| s.kv_usage));
             *requests = f64::from(c.inflight.requests);
-            // `uncached_tokens`, the share computed once.
+            // This request's uncached tokens: the unmatched share of them.
             *pending = c.inflight.tokens as f64 + prompt_tokens * (1.0 - share);
             *prefix = share;
             let engine = c.snapshot.map_or(0.0, |s| s.running + s.waiting);
@@ -152,7 +152,7 @@ pub fn kept_entries<'a>(column: &'a [f64], kept: &[usize], scratch: &'a mut Vec<
 mod tests {
     use super::*;
     use crate::metrics::MetricsSnapshot;
-    use crate::scheduler::plugin::{uncached_tokens, NEUTRAL};
+    use crate::scheduler::plugin::NEUTRAL;
     use crate::scheduler::test_support::cand;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -178,7 +178,7 @@ mod tests {
         let mut b = cand(1);
         b.snapshot = None;
         b.healthy = false;
-        let f = Figures::measure(&req, &[a.clone(), b.clone()]);
+        let f = Figures::measure(&req, &[a, b]);
         assert_eq!(f.len(), 2);
         assert_eq!(f.healthy(), [true, false]);
         assert_eq!(f.matched(), [4.5, 0.0]);
@@ -187,8 +187,6 @@ mod tests {
         assert!(f.queue()[1].is_nan());
         assert_eq!(f.kv_free(), [0.75, NEUTRAL]);
         assert_eq!(f.inflight_requests(), [5.0, 0.0]);
-        let pending = |c: &Candidate| c.inflight.tokens as f64 + uncached_tokens(&req, c);
-        assert_eq!(f.pending_tokens(), [pending(&a), pending(&b)]);
         assert_eq!(f.pending_tokens(), [300.0 + 550.0, 1000.0]);
         assert_eq!(f.prefix(), [0.45, 0.0]);
         // a: the engine counted 3, kvroute has 5 there; b: no snapshot.

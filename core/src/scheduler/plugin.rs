@@ -235,12 +235,6 @@ pub fn prefix_fraction(req: &RequestFacts, c: &Candidate) -> f64 {
     min_num(fraction, 1.0)
 }
 
-/// Prompt tokens the candidate would still have to prefill for this
-/// request: the unmatched fraction of `prompt_tokens`.
-pub fn uncached_tokens(req: &RequestFacts, c: &Candidate) -> f64 {
-    req.prompt_tokens as f64 * (1.0 - prefix_fraction(req, c))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
