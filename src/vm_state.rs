@@ -39,6 +39,16 @@ const _: () = assert!(FALLBACKS < kvroute_core::scheduler::SCORES_KEPT);
 /// is (the count stays exact, the decision missed a concurrent one).
 const REDECISIONS: u64 = 4;
 
+/// A decision written to the decision log while it is being counted
+/// (`VmState::route`).
+struct Logged {
+    endpoint: Endpoint,
+    /// Blocks of the prompt it already held (not retracted with it).
+    held_blocks: usize,
+    /// Its sequence number (`None`: the log did not take it).
+    seq: Option<u64>,
+}
+
 /// The outcome of routing one request, kept by its HTTP context for the
 /// request's life (a stream can last minutes). Its size does not grow with
 /// the pool: the decision's per-candidate scores and predictions are
@@ -370,17 +380,11 @@ impl VmState {
         now_ms: u64,
     ) -> Option<Routed> {
         self.routes = true;
-        let head = self.replay_log();
         let (prompt, prompt_tokens) = match request {
             Some(r) => (r.prompt(), r.prompt_tokens(&self.config().prefix)),
             None => (Prompt::default(), 0),
         };
         let blocks = prompt.blocks;
-        // Only decisions on prompts with the same first block can match.
-        // (A prompt without one matches only leaves, never put off.)
-        if let Some(&first) = blocks.first() {
-            self.apply_deferred(Some(first));
-        }
         // Decided on the in-flight table it is counted in: the table is
         // read with its CAS token and the request is added to it only if
         // no other VM changed it since. When one did (another worker
@@ -389,8 +393,22 @@ impl VmState {
         // same table send a burst of new requests to the same least-loaded
         // endpoint. The decision is then made again on the table as it is
         // now, at most `REDECISIONS` times, then counted as it stands.
+        //
+        // What a decision teaches is written to the decision log before
+        // the decision is counted in the table, and the log is read after
+        // the table: a pick this decision sees counted, it also sees the
+        // blocks of. (Written after, a worker deciding in between saw a
+        // pod loaded with a prompt it did not know it held, took its copy
+        // of the prompt for a new one and placed it elsewhere: `tests/
+        // routing.rs`, copies of a new prompt routed at once.)
         let shadow_mode = self.config().shadow;
+        // Other workers only need decisions that teach the prefix index
+        // (in-flight counts, which spread everything else, are shared anyway).
+        let learned = request.map(InferenceRequest::learned).unwrap_or_default();
+        let logs = !shadow_mode && !learned.is_empty();
         let mut snapshot = self.store.inflight_snapshot();
+        let mut head = self.read_log_for(blocks.first().copied());
+        let mut logged: Option<Logged> = None;
         let mut redecided = 0;
         let decision = loop {
             let decision = self.router.decide_in(
@@ -406,6 +424,9 @@ impl VmState {
             if shadow_mode {
                 break decision;
             }
+            if logs {
+                self.log_decision(&mut logged, &decision, &learned, head, now_ms);
+            }
             let (endpoint, tokens) = (
                 decision.endpoint,
                 self.router.uncached_tokens(&decision, prompt_tokens),
@@ -415,6 +436,7 @@ impl VmState {
                 Ok(()) => break decision,
                 Err(now) if redecided < REDECISIONS => {
                     snapshot = now;
+                    head = self.read_log_for(blocks.first().copied());
                     redecided += 1;
                 }
                 Err(_) => {
@@ -431,12 +453,9 @@ impl VmState {
         if request.is_some() {
             self.router.routed(tokens);
         }
-        // Other workers only need decisions that teach the prefix index
-        // (in-flight counts, which spread everything else, are shared anyway).
-        let learned = request.map(InferenceRequest::learned).unwrap_or_default();
         let mut log_seq = None;
         let mut shadow = None;
-        if self.config().shadow {
+        if shadow_mode {
             // Envoy's balancer chooses: learnt and counted where it sent
             // the request, once the response says.
             shadow = Some(Box::new(ShadowPending {
@@ -444,17 +463,16 @@ impl VmState {
                 blocks: blocks.len(),
                 prompt_tokens,
             }));
-        } else if learned.is_empty() {
-            self.router.learn(endpoint, prompt, now_ms);
-        } else {
-            let mut entry = LogEntry::own(endpoint, now_ms, learned);
-            log_seq = self.append_own(&mut entry, head);
+        } else if let Some(logged) = logged {
+            log_seq = logged.seq;
             // The same record every other worker makes of this decision.
-            if Deferred::can_wait(&entry.blocks) {
-                self.learn(endpoint, entry.blocks, now_ms);
+            if Deferred::can_wait(&learned) {
+                self.learn(endpoint, learned, now_ms);
             } else {
                 self.router.learn(endpoint, prompt, now_ms);
             }
+        } else {
+            self.router.learn(endpoint, prompt, now_ms);
         }
         if shadow.is_none() {
             self.stats.endpoint_inc(endpoint, EndpointCounter::Routed);
@@ -719,6 +737,49 @@ impl VmState {
         let seq = self.store.append_log(entry, head)?;
         self.own_seqs.insert(seq);
         Some(seq)
+    }
+
+    /// Replays the decision log (`replay_log`), then makes the put-off
+    /// records a prompt starting with `first` could match: a prompt without
+    /// a first block matches only leaves, never put off.
+    fn read_log_for(&mut self, first: Option<u64>) -> Option<Snapshot<u64>> {
+        let head = self.replay_log();
+        if first.is_some() {
+            self.apply_deferred(first);
+        }
+        head
+    }
+
+    /// Writes `decision` to the decision log (after `head`) unless `logged`
+    /// already holds it. A decision made again on another endpoint first
+    /// retracts the one written before (a `forget` entry for the blocks
+    /// that endpoint did not already hold), so no worker keeps believing
+    /// that endpoint was sent the prompt.
+    fn log_decision(
+        &mut self,
+        logged: &mut Option<Logged>,
+        decision: &Decision,
+        learned: &[u64],
+        head: Option<Snapshot<u64>>,
+        now_ms: u64,
+    ) {
+        if let Some(before) = logged.as_ref() {
+            if before.endpoint == decision.endpoint {
+                return;
+            }
+            let held = before.held_blocks.min(learned.len());
+            let mut retract = LogEntry::own(before.endpoint, now_ms, learned[held..].to_vec());
+            retract.forget = true;
+            if !retract.blocks.is_empty() {
+                self.append_own(&mut retract, None);
+            }
+        }
+        let mut entry = LogEntry::own(decision.endpoint, now_ms, learned.to_vec());
+        *logged = Some(Logged {
+            endpoint: decision.endpoint,
+            held_blocks: decision.held_blocks,
+            seq: self.append_own(&mut entry, head),
+        });
     }
 
     /// The chosen endpoint did not answer `routed` with a 2xx: it refused it
