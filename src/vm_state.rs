@@ -34,8 +34,8 @@ const FALLBACKS: usize = 2;
 const _: () = assert!(FALLBACKS < kvroute_core::scheduler::SCORES_KEPT);
 
 /// Times a decision is made again when another VM changed the in-flight
-/// table while it was made (`VmState::route`). Each costs a table read and
-/// a decision; past them the last decision is counted on the table as it
+/// table while it was made (`VmState::route`). Each costs a table read, a
+/// replay of the decision log and a decision; past them the last decision is counted on the table as it
 /// is (the count stays exact, the decision missed a concurrent one).
 const REDECISIONS: u64 = 4;
 
