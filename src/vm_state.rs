@@ -35,8 +35,9 @@ const _: () = assert!(FALLBACKS < kvroute_core::scheduler::SCORES_KEPT);
 
 /// Times a decision is made again when another VM changed the in-flight
 /// table while it was made (`VmState::route`). Each costs a table read, a
-/// replay of the decision log and a decision; past them the last decision is counted on the table as it
-/// is (the count stays exact, the decision missed a concurrent one).
+/// replay of the decision log and a decision; past them the last decision
+/// is counted on the table as it is (the count stays exact, the decision
+/// missed a concurrent one).
 const REDECISIONS: u64 = 4;
 
 /// A decision written to the decision log while it is being counted
@@ -404,7 +405,7 @@ impl VmState {
         let shadow_mode = self.config().shadow;
         // Other workers only need decisions that teach the prefix index
         // (in-flight counts, which spread everything else, are shared anyway).
-        let learned = request.map(InferenceRequest::learned).unwrap_or_default();
+        let mut learned = request.map(InferenceRequest::learned).unwrap_or_default();
         let logs = !shadow_mode && !learned.is_empty();
         let mut snapshot = self.store.inflight_snapshot();
         let mut head = self.read_log_for(blocks.first().copied());
@@ -425,7 +426,7 @@ impl VmState {
                 break decision;
             }
             if logs {
-                self.log_decision(&mut logged, &decision, &learned, head, now_ms);
+                self.log_decision(&mut logged, &decision, &mut learned, head, now_ms);
             }
             let (endpoint, tokens) = (
                 decision.endpoint,
@@ -751,15 +752,16 @@ impl VmState {
     }
 
     /// Writes `decision` to the decision log (after `head`) unless `logged`
-    /// already holds it. A decision made again on another endpoint first
-    /// retracts the one written before (a `forget` entry for the blocks
-    /// that endpoint did not already hold), so no worker keeps believing
-    /// that endpoint was sent the prompt.
+    /// already holds it; `learned` (the prompt's hashes, `InferenceRequest::
+    /// learned`) is lent to the entry, not copied. A decision made again on
+    /// another endpoint first retracts the one written before (a `forget`
+    /// entry for the blocks that endpoint did not already hold), so no
+    /// worker keeps believing that endpoint was sent the prompt.
     fn log_decision(
         &mut self,
         logged: &mut Option<Logged>,
         decision: &Decision,
-        learned: &[u64],
+        learned: &mut Vec<u64>,
         head: Option<Snapshot<u64>>,
         now_ms: u64,
     ) {
@@ -774,11 +776,13 @@ impl VmState {
                 self.append_own(&mut retract, None);
             }
         }
-        let mut entry = LogEntry::own(decision.endpoint, now_ms, learned.to_vec());
+        let mut entry = LogEntry::own(decision.endpoint, now_ms, std::mem::take(learned));
+        let seq = self.append_own(&mut entry, head);
+        *learned = entry.blocks;
         *logged = Some(Logged {
             endpoint: decision.endpoint,
             held_blocks: decision.held_blocks,
-            seq: self.append_own(&mut entry, head),
+            seq,
         });
     }
 

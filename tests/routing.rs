@@ -565,8 +565,8 @@ fn f_copies_of_a_new_prompt_routed_by_four_workers_at_once_share_one_pod() {
     // decision log: a worker deciding in between saw the pod loaded but not
     // holding the prompt, took the prompt for a new one and placed it on
     // another pod (13 of 20 prompts split on `e466e32`; in `kvroute-bench`
-    // long-qa, a 60k-token document prefilled twice and its pod's share
-    // taken by another document). Now a decision is written to the log
+    // long-qa, a 46k-token document prefilled on two pods, and two other
+    // documents left to share a third). Now a decision is written to the log
     // before it is counted, and read back after the count: a worker that
     // sees a pick counted also sees what it taught. Short prompts (taught
     // at once) and long ones (whose index record waits for the next prompt
