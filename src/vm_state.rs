@@ -139,7 +139,7 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
         for (i, ((e, _), p)) in d.scores.iter().zip(&d.predictions).enumerate() {
             let _ = write!(
                 v,
-                "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok + slot wait {:.0}; delays {:.0} others {:.0}; streams {:.0} slower)",
+                "{}{}={:.0}ms(overhead {:.0} + decode {:.0} + (ahead {:.0} + uncached {:.0}) x {:.4} ms/tok + slot wait {:.0}; delays {:.0} others {:.0}; streams {:.0} slower; charged {:.0})",
                 if i > 0 { "," } else { "" },
                 e,
                 p.ttft_ms,
@@ -151,7 +151,8 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
                 p.slot_wait_ms,
                 p.present,
                 p.others_delay_ms,
-                p.slow_decode_ms
+                p.slow_decode_ms,
+                p.move_charge_ms
             );
         }
     }

@@ -119,13 +119,22 @@ fn predictions_are_visible_learnt_and_steer_away_from_a_slow_pod() {
         "{to_slow} of 12 new requests went to the slow pod"
     );
 
-    // Affinity holds: the same prompt again goes where it was cached.
+    // Affinity holds: the same prompt again goes where it was cached, and
+    // the others are charged for the prefill leaving it would repeat.
     let again = probe(&envoy, "after-3");
-    assert!(
-        again.header(DEBUG).unwrap().contains("reason=Prefix"),
-        "{:?}",
-        again.header(DEBUG)
-    );
+    let debug = again.header(DEBUG).unwrap();
+    assert!(debug.contains("reason=Prefix"), "{debug}");
+    let holder = again.pod().expect("pod header");
+    for i in 0..3 {
+        let part = debug
+            .split(&format!("{}=", sim.endpoint(i)))
+            .last()
+            .and_then(|p| p.split("charged ").nth(1))
+            .and_then(|p| p.split(')').next())
+            .unwrap_or_else(|| panic!("no charge for pod {i}: {debug}"));
+        let charged: f64 = part.parse().unwrap();
+        assert_eq!(charged > 0.0, i != holder, "pod {i}: {debug}");
+    }
 }
 
 /// `scheduling.keep_cheaper_holder` with the default `weighted` profile: a

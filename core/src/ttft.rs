@@ -51,8 +51,23 @@
 //! much longer a mean answer streams from `e` than from the fleet's fastest
 //! endpoint (`decode_speed.rs`; the router adds it, `slow_decode_ms`).
 //!
-//! The endpoint with the lowest cost wins. The second term is what this
-//! request's prefill costs the others: every request `e` holds waits for it,
+//! An endpoint holding less of the prompt than the cheapest healthy holder
+//! `h` of its longest prefix is ranked by its cost plus a charge for
+//! leaving `h`, the rule of the two cost checks (`router/cost.rs`,
+//! `charge_moves`):
+//!
+//! ```text
+//! repeat(e) = f(e) x ms_per_token x (uncached(e) - uncached(h))
+//! rank(e)   = cost(e) + repeat(e) x min(1, arrivals per ms x repeat(e)) + overhead(h)
+//! ```
+//!
+//! (arrivals per ms: the requests the fleet sends an endpoint, by Little's
+//! law). Uncharged, a holder that had just started prefilling a document
+//! counted it as ahead, as much as a question's own prefill of it
+//! elsewhere, and a near tie split the document.
+//!
+//! The endpoint with the lowest rank wins. The second term of `cost` is
+//! what this request's prefill costs the others: every request `e` holds waits for it,
 //! step after step. That is the ones decoding there, and the ones waiting
 //! for their own prefill too: they are ahead of this one, so they decode
 //! while its prefill runs. (Counting only the decoding ones undercounts a
@@ -61,7 +76,8 @@
 //! `bench/README.md`, saturation, TTFT p50 about 2x worse than with
 //! `present`.) On an idle fleet it is zero and the rule is
 //! plain lowest-TTFT: a long prefix stays on its holder until the holder's
-//! queue and decode load cost more than prefilling the prompt elsewhere;
+//! queue and decode load cost more than prefilling the prompt elsewhere
+//! (and one step);
 //! then the prefix gains a second holder and later requests balance over
 //! both. Under saturation every pod is decoding, a miss delays all of them,
 //! and hits weigh more: a cache hit is the only way to add capacity. Cold
@@ -256,6 +272,21 @@ pub struct Prediction {
     /// What the decision minimises: `ttft_ms + others_delay_ms +
     /// slow_decode_ms`.
     pub cost_ms: f64,
+    /// With `predicted_ttft`, what leaving the holder of the request's
+    /// longest prefix for this endpoint is charged on top of `cost_ms`, ms:
+    /// the prefill it repeats, weighed by the arrivals expected while it
+    /// runs, plus the holder's fixed part (`router/cost.rs`,
+    /// `charge_moves`, the rule of the two cost checks). 0 on a holder, on
+    /// a cold request and in the other profiles.
+    pub move_charge_ms: f64,
+}
+
+impl Prediction {
+    /// What a `predicted_ttft` pick ranks by: the cost, charged for leaving
+    /// the prefix's holder.
+    pub fn rank_ms(&self) -> f64 {
+        self.cost_ms + self.move_charge_ms
+    }
 }
 
 /// An observed time to first token as a percentage of its prediction, for
@@ -500,6 +531,7 @@ impl TtftModel {
             slot_wait_ms,
             slow_decode_ms: 0.0,
             cost_ms: ttft_ms + others_delay_ms,
+            move_charge_ms: 0.0,
         }
     }
 }

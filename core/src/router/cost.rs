@@ -202,6 +202,49 @@ impl Router {
             .map(|(_, c, p)| (c, p))
     }
 
+    /// `predicted_ttft`: each candidate holding less of the prompt than
+    /// the cheapest healthy holder of its longest prefix is charged what
+    /// leaving that holder for it costs by the rule of the two cost checks
+    /// ([`move_pays`]): the prefill it repeats, weighed by the arrivals
+    /// expected while it runs ([`charged`]), plus the holder's fixed part.
+    /// So the pick leaves the holder exactly when a cost check would, and
+    /// a near tie stays (long-qa: a question on a document whose holder has
+    /// just started prefilling it counts the document as ahead there, as
+    /// much as its own prefill of it elsewhere; uncharged, 2 or 3
+    /// questions a run took their document to a second pod on each of
+    /// three trace seeds). Holders of the same prefix are not charged:
+    /// later requests balance over them.
+    pub(super) fn charge_moves(
+        &self,
+        candidates: &[Candidate],
+        figures: &Figures,
+        predictions: &mut [Prediction],
+    ) {
+        let longest = candidates
+            .iter()
+            .filter(|c| c.healthy)
+            .fold(0.0, |m, c| max_num(m, c.matched()));
+        if longest <= 0.0 {
+            return;
+        }
+        let Some(holder) = candidates
+            .iter()
+            .zip(predictions.iter())
+            .filter(|(c, _)| c.healthy && c.matched() >= longest)
+            .map(|(_, p)| *p)
+            .min_by(|a, b| a.cost_ms.total_cmp(&b.cost_ms))
+        else {
+            return;
+        };
+        let arrivals_per_ms = self.arrivals_per_ms(figures);
+        for p in predictions.iter_mut() {
+            if p.uncached_tokens > holder.uncached_tokens {
+                p.move_charge_ms =
+                    charged(&holder, p, arrivals_per_ms) - p.cost_ms + holder.overhead_ms;
+            }
+        }
+    }
+
     /// Requests the fleet sends each endpoint per ms, by Little's law: the
     /// requests present on the healthy candidates (each one's engine count
     /// or kvroute's, the larger) over the time a request holds an engine
@@ -964,9 +1007,20 @@ mod tests {
         let p = d.prediction.unwrap();
         assert_eq!((p.ahead_tokens, p.uncached_tokens), (10_000.0, 640.0));
         assert_eq!(d.predictions.len(), 2);
-        // Once its queue is worth more than prefilling the whole document
-        // elsewhere, the request goes elsewhere (affinity broken by cost).
+        // A queue worth a little more than prefilling the whole document
+        // elsewhere: the move would repeat the 37 760 tokens the holder
+        // has, and does not pay once charged for them (the rule of the
+        // cost checks): kept.
         let d = decide(&r, 40_000, &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
+        let other = d.predictions[1];
+        assert!(
+            other.cost_ms < d.predictions[0].cost_ms,
+            "uncharged, it moved"
+        );
+        // Worth more than the prefill and its charge: the request goes
+        // elsewhere (affinity broken by cost).
+        let d = decide(&r, 100_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         // Unless requests decode on the idle pod: its prefill there would
         // delay each of them by as much (the holder's are not delayed: its
@@ -978,7 +1032,7 @@ mod tests {
                 &states,
                 &OutlierTable::default(),
                 |e| {
-                    let mut f = work(if *e == ep(1) { 40_000 } else { 0 });
+                    let mut f = work(if *e == ep(1) { 100_000 } else { 0 });
                     f.requests += 4;
                     f
                 },
@@ -989,6 +1043,33 @@ mod tests {
         assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix));
         let other = d.predictions[1];
         assert!(other.others_delay_ms > other.ttft_ms, "{other:?}");
+    }
+
+    #[test]
+    fn ttft_keeps_a_document_on_a_holder_that_has_just_started_prefilling_it() {
+        // Endpoint 1 holds 590 of the document's 600 blocks by the index,
+        // and its engine has just been sent them: 38 400 tokens of
+        // kvroute's are ahead there, as many as the whole document on the
+        // idle pod. Uncharged, the idle pod's first token came 640 tokens
+        // sooner and a question took the document there: a second 38 400
+        // token prefill, with every question behind it.
+        let mut r = ttft_router(2);
+        let mut rng = fastrand::Rng::with_seed(1);
+        let states = idle_states(&r, 0);
+        let doc: Vec<u64> = (1..=600).collect();
+        r.learn(ep(1), &doc[..590], 0);
+        let d = decide_doc(&r, &doc, &states, work(38_400), &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(1), Reason::Prefix), "{d:?}");
+        let (holder, other) = (d.predictions[0], d.predictions[1]);
+        assert!(other.cost_ms < holder.cost_ms, "{d:?}");
+        assert_eq!(holder.move_charge_ms, 0.0);
+        // Charged in full: the repeated prefill, plus the holder's step.
+        let repeat = (38_400.0 - 640.0) * other.ms_per_token;
+        let charge = repeat + holder.overhead_ms;
+        assert!((other.move_charge_ms - charge).abs() < 1e-6, "{other:?}");
+        // With twice the document ahead there, the move pays after all.
+        let d = decide_doc(&r, &doc, &states, work(2 * 38_400 + 1_000), &mut rng);
+        assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load), "{d:?}");
     }
 
     #[test]

@@ -292,9 +292,10 @@ impl Scheduler {
         let predicted = self.config.profile == crate::config::Profile::PredictedTtft;
         let total = if predicted {
             // Lower predicted cost (TTFT plus what its prefill delays the
-            // requests on the endpoint) is better; no prediction comes last.
+            // requests on the endpoint, charged for leaving the prefix's
+            // holder) is better; no prediction comes last.
             kept.iter()
-                .map(|&i| predictions.get(i).map_or(f64::MIN, |p| -p.cost_ms))
+                .map(|&i| predictions.get(i).map_or(f64::MIN, |p| -p.rank_ms()))
                 .collect()
         } else {
             self.score(&ctx, &kept)
