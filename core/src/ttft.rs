@@ -67,10 +67,10 @@
 //! elsewhere, and a near tie split the document.
 //!
 //! The endpoint with the lowest rank wins. The second term of `cost` is
-//! what this request's prefill costs the others: every request `e` holds waits for it,
-//! step after step. That is the ones decoding there, and the ones waiting
-//! for their own prefill too: they are ahead of this one, so they decode
-//! while its prefill runs. (Counting only the decoding ones undercounts a
+//! what this request's prefill costs the others: every request `e` holds
+//! waits for it, step after step. That is the ones decoding there, and the
+//! ones waiting for their own prefill too: they are ahead of this one, so
+//! they decode while its prefill runs. (Counting only the decoding ones undercounts a
 //! pod busy prefilling: few of its requests decode yet, and a saturated
 //! fleet then moved prompts onto it, each a re-prefill on a full engine:
 //! `bench/README.md`, saturation, TTFT p50 about 2x worse than with
@@ -100,15 +100,15 @@
 //! observation, rising 0.5 % an observation): an engine that batches
 //! prefills returns a burst's first tokens together, whatever was queued
 //! ahead of each, and fitted freely that made the fixed part the mean
-//! first token and the work free. Each
-//! endpoint's factor `f(e)` is the mean, in log space, of its observed over
-//! expected times, relative to the endpoints observed lately: an endpoint
-//! not observed yet is 1 (average: neither shunned nor flooded), a factor
-//! within x1.5 of 1 is 1 (equal pods are not ranked by noise), and one not
-//! observed for 256 fleet observations (or 32 rounds of the fleet, if more)
-//! drifts back to 1, from a quarter of that on (an endpoint learnt slow and
-//! since avoided is tried again). Memory: a 3x3 fit and two
-//! numbers per endpoint (removed with it). No clock is read here: the shell
+//! first token and the work free. Each endpoint's factor `f(e)` is the
+//! mean, in log space, of its observed over expected times, relative to the
+//! endpoints observed lately: an endpoint not observed yet is 1 (average:
+//! neither shunned nor flooded), a factor within x1.5 of 1 is 1 (equal pods
+//! are not ranked by noise), and one not observed for 256 fleet
+//! observations (or 32 rounds of the fleet, if more) drifts back to 1, from
+//! a quarter of that on (an endpoint learnt slow and since avoided is tried
+//! again). Memory: a 3x3 fit, the fastest first byte, and two numbers per
+//! endpoint (removed with it). No clock is read here: the shell
 //! passes the times. A restarted VM starts from the priors and relearns
 //! within a few requests.
 
