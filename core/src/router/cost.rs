@@ -143,10 +143,7 @@ impl Router {
         now_ms: u64,
         arrivals_per_ms: f64,
     ) -> Option<(CostCheck, &'c Candidate, Prediction)> {
-        let longest = candidates
-            .iter()
-            .filter(|c| c.healthy)
-            .fold(0.0, |m, c| max_num(m, c.matched()));
+        let longest = longest_live_match(candidates);
         // Holders saving at least this many cached tokens over the pick.
         let min_saved = self.config.scheduling.keep_cheaper_holder_min_saved * prompt_tokens as f64;
         let block_tokens = self.config.prefix.block_tokens as f64;
@@ -220,10 +217,7 @@ impl Router {
         figures: &Figures,
         predictions: &mut [Prediction],
     ) {
-        let longest = candidates
-            .iter()
-            .filter(|c| c.healthy)
-            .fold(0.0, |m, c| max_num(m, c.matched()));
+        let longest = longest_live_match(candidates);
         if longest <= 0.0 {
             return;
         }
@@ -329,6 +323,15 @@ impl Router {
             .unprefilled_tokens(&c.endpoint, c.inflight, running, now_ms)
             + foreign * self.ttft.mean_uncached_tokens()
     }
+}
+
+/// The most of the prompt (in blocks, a partial block included) any
+/// healthy candidate holds.
+fn longest_live_match(candidates: &[Candidate]) -> f64 {
+    candidates
+        .iter()
+        .filter(|c| c.healthy)
+        .fold(0.0, |m, c| max_num(m, c.matched()))
 }
 
 /// What moving a request off `holder` to `mover` costs, by the TTFT model:
