@@ -78,7 +78,7 @@ impl Router {
                 candidates,
                 req.prompt_tokens,
                 now_ms,
-                arrivals_per_ms(),
+                arrivals_at(chosen, arrivals_per_ms(), now_ms),
             ),
             // An adapter request stays where the scores put it: the model
             // does not price loading an adapter.
@@ -126,7 +126,7 @@ impl Router {
     /// cached, the cheapest such holder is kept unless leaving it pays by
     /// the rule `leave_costlier_holder` applies ([`move_pays`]: the pick's
     /// cost, charged for the prefill it repeats, below the holder's by more
-    /// than one step); a holder whose queue costs more than that still
+    /// than the margin of noise); a holder whose queue costs more than that still
     /// loses. (Uncharged, a near tie went to the re-prefill: a holder that
     /// has just started prefilling the very document a question needs
     /// counts that document's in-flight tokens as ahead, as much as the
@@ -170,10 +170,10 @@ impl Router {
     /// most [`crate::scheduler::SCORES_KEPT`], all past the filters) wins
     /// if its cost, charged for the prefill it repeats ([`charged`]: the
     /// holder would not have prefilled those tokens at all; weighed by the
-    /// requests expected at the rival while it does), is still below the
-    /// holder's by more than the holder's fixed part (`overhead_ms`, one
-    /// step: closer predictions are noise). The prefix then gains a holder,
-    /// and later requests balance over both.
+    /// requests expected at the rival while it does, [`arrivals_at`]), is
+    /// still below the holder's by more than the margin of noise
+    /// ([`noise_ms`]: closer predictions are a tie). The prefix then gains a
+    /// holder, and later requests balance over both.
     ///
     /// `scheduling.decode_speed` applies the same rule to a cold or load
     /// pick on an endpoint that streams answers slower than the fleet's
@@ -192,18 +192,20 @@ impl Router {
             .filter(|c| c.healthy && c.endpoint != chosen.endpoint)
             .map(|c| {
                 let p = self.prediction(c, prompt_tokens, now_ms);
-                (charged(prediction, &p, arrivals_per_ms), c, p)
+                let arrivals = arrivals_at(c, arrivals_per_ms, now_ms);
+                (charged(prediction, &p, arrivals), arrivals, c, p)
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .filter(|(_, _, p)| move_pays(prediction, p, arrivals_per_ms))
-            .map(|(_, c, p)| (c, p))
+            .filter(|(_, arrivals, _, p)| move_pays(prediction, p, *arrivals))
+            .map(|(_, _, c, p)| (c, p))
     }
 
     /// `predicted_ttft`: each candidate holding less of the prompt than
     /// the cheapest healthy holder of its longest prefix is charged what
     /// leaving that holder for it costs by the rule of the two cost checks
     /// ([`move_pays`]): the prefill it repeats, weighed by the arrivals
-    /// expected while it runs ([`charged`]), plus the holder's fixed part.
+    /// expected while it runs ([`charged`]), plus the margin of noise
+    /// ([`noise_ms`]).
     /// So the pick leaves the holder exactly when a cost check would, and
     /// a near tie stays (long-qa: a question on a document whose holder has
     /// just started prefilling it counts the document as ahead there, as
@@ -216,6 +218,7 @@ impl Router {
         candidates: &[Candidate],
         figures: &Figures,
         predictions: &mut [Prediction],
+        now_ms: u64,
     ) {
         let longest = longest_live_match(candidates);
         if longest <= 0.0 {
@@ -231,10 +234,10 @@ impl Router {
             return;
         };
         let arrivals_per_ms = self.arrivals_per_ms(figures);
-        for p in predictions.iter_mut() {
+        for (c, p) in candidates.iter().zip(predictions.iter_mut()) {
             if p.uncached_tokens > holder.uncached_tokens {
-                p.move_charge_ms =
-                    charged(&holder, p, arrivals_per_ms) - p.cost_ms + holder.overhead_ms;
+                let arrivals = arrivals_at(c, arrivals_per_ms, now_ms);
+                p.move_charge_ms = charged(&holder, p, arrivals) - p.cost_ms + noise_ms(&holder);
             }
         }
     }
@@ -334,14 +337,45 @@ fn longest_live_match(candidates: &[Candidate]) -> f64 {
         .fold(0.0, |m, c| max_num(m, c.matched()))
 }
 
+/// Mean gaps between two requests at an endpoint of the fleet after which
+/// an endpoint that has had none, and shows none at its engine, is taken
+/// to draw fewer than the fleet's ([`arrivals_at`]). An endpoint drawing
+/// the fleet's rate goes this long without a request about once in 20.
+const QUIET_GAPS: f64 = 3.0;
+
+/// Requests expected per ms at `mover`, the endpoint a move would send a
+/// request to, while the prefill the move repeats runs there ([`charged`]).
+/// The fleet's rate per endpoint (`fleet`, Little's law), unless nothing
+/// is there (no request of kvroute's, none at its engine) and kvroute has
+/// sent it nothing for longer than [`QUIET_GAPS`] of the fleet's mean gaps
+/// between two requests at one endpoint: then the rate that silence
+/// implies, `QUIET_GAPS / age`, and none at all where kvroute has never
+/// sent a request. Prefix affinity keeps sending each endpoint its own
+/// conversations, so an endpoint that gets none has no one there for a
+/// repeated prefill to delay: agentic's 24 agents, each staying with the
+/// pod of its first request, left a pod of 4 without a request on about
+/// half of its runs, and 3 of 8 at 8 pods, because a move to it was
+/// charged as if the fleet's arrivals went there too. A pod that joins the
+/// pool likewise gets a hot prefix as soon as its holders queue.
+fn arrivals_at(mover: &Candidate, fleet: f64, now_ms: u64) -> f64 {
+    let engine = mover.snapshot.map_or(0.0, |s| s.running + s.waiting);
+    if fleet.is_nan() || fleet <= 0.0 || mover.inflight.requests > 0 || engine > 0.0 {
+        return fleet;
+    }
+    match mover.last_picked_ms {
+        None => 0.0,
+        Some(at) => min_num(fleet, QUIET_GAPS / now_ms.saturating_sub(at) as f64),
+    }
+}
+
 /// What moving a request off `holder` to `mover` costs, by the TTFT model:
 /// the mover's cost, plus a charge for the prefill the move repeats (the
 /// mover's ms per token x the tokens it prefills beyond the holder's; the
 /// holder would not prefill them at all). The charge is what that prefill
 /// costs the requests that arrive at the mover while it runs (the ones
 /// already there are in the mover's cost, `others_delay_ms`), so it is
-/// weighed by how many are expected: `arrivals_per_ms` (per endpoint) x
-/// the prefill's time, at most 1. A long document prefilled again is
+/// weighed by how many are expected: `arrivals_per_ms` (at the mover,
+/// [`arrivals_at`]) x the prefill's time, at most 1. A long document prefilled again is
 /// charged in full, as is any repeat on a saturated fleet; a short shared
 /// prompt on a quiet fleet is charged little, so a hot prefix can gain a
 /// holder on an idle pod before its first holder queues long (agentic on
@@ -355,12 +389,28 @@ fn charged(holder: &Prediction, mover: &Prediction, arrivals_per_ms: f64) -> f64
 
 /// The rule both cost checks share: a request leaves the holder of its
 /// prefix only when the move is cheaper even after its charge
-/// ([`charged`]), by more than the holder's fixed part (`overhead_ms`, one
-/// step: closer predictions are noise). `leave_costlier_holder` moves a
-/// prefix pick by it; `keep_cheaper_holder` keeps the holder a load pick
-/// left unless it holds, so the two checks cannot disagree on a pair.
+/// ([`charged`]), by more than the holder's prediction can be trusted to
+/// tell apart ([`noise_ms`]). `leave_costlier_holder` moves a prefix pick
+/// by it; `keep_cheaper_holder` keeps the holder a load pick left unless
+/// it holds, so the two checks cannot disagree on a pair.
 fn move_pays(holder: &Prediction, mover: &Prediction, arrivals_per_ms: f64) -> bool {
-    charged(holder, mover, arrivals_per_ms) + holder.overhead_ms < holder.cost_ms
+    charged(holder, mover, arrivals_per_ms) + noise_ms(holder) < holder.cost_ms
+}
+
+/// Share of a predicted cost within which two predictions are a tie
+/// ([`noise_ms`]).
+const PREDICTION_NOISE: f64 = 0.05;
+
+/// How far apart two predictions must be to tell them apart: the holder's
+/// fixed part (one step), or [`PREDICTION_NOISE`] of its cost if more. The
+/// model's error grows with what it predicts (observed / predicted TTFT
+/// spans tens of percent, bench/README.md): a question on a 60 000-token
+/// document predicted 6 047 ms at a holder that has just started
+/// prefilling it and 6 027 ms on a pod with nothing to do is a tie, and
+/// moving it prefills the document a second time. One step alone let such
+/// a move through whenever the charge was small.
+fn noise_ms(holder: &Prediction) -> f64 {
+    max_num(holder.overhead_ms, PREDICTION_NOISE * holder.cost_ms)
 }
 
 #[cfg(test)]
@@ -422,11 +472,21 @@ mod tests {
             .unwrap()
     }
 
+    /// Every endpoint of `r` was sent a request at 0: each serves traffic
+    /// of its own, so a move to it is charged by the fleet's arrivals
+    /// ([`arrivals_at`]; one never sent a request is charged nothing).
+    fn in_rotation(r: &mut Router) {
+        for e in r.pool().to_vec() {
+            r.learn(e, &[] as &[u64], 0);
+        }
+    }
+
     /// Two `weighted` endpoints: endpoint 1, whose engine queues 6 and runs
     /// 4, holds 590 of the 600 blocks of a document (38 400 tokens); the
     /// other is idle.
     fn busy_holder_of_a_doc() -> (Router, EndpointStates, Vec<u64>) {
         let mut r = router(2);
+        in_rotation(&mut r);
         let mut states = idle_states(&r, 0);
         let busy = MetricsSnapshot {
             waiting: 6.0,
@@ -568,6 +628,7 @@ mod tests {
         // had all had their first byte (the test's control).
         for (observed, stays) in [(holder_load(&ep(1)), true), (InFlight::default(), false)] {
             let mut r = router(2);
+            in_rotation(&mut r);
             let mut states = idle_states(&r, 0);
             for t in 1..=8 {
                 states.succeed(ep(1), queued, t);
@@ -813,6 +874,7 @@ mod tests {
         // each (long answers): with 20 requests in flight, about one
         // arrives per 1.5 s at each endpoint.
         let mut r = router(3);
+        in_rotation(&mut r);
         for _ in 0..64 {
             r.streamed_in_full(None, 0, 10_000);
         }
@@ -953,6 +1015,104 @@ mod tests {
     }
 
     #[test]
+    fn a_hot_prefix_gains_a_holder_uncharged_on_an_endpoint_sent_nothing() {
+        // Agentic's first burst: a tool prompt (31 blocks) on endpoint 1,
+        // 20 of the agents' first requests waiting there for 64 tokens
+        // each; endpoint 2 serves its own traffic. Prefilling the prompt
+        // again elsewhere is charged in full (20 requests present, held 1 s
+        // each: 0.13 arrive per 20 ms at an endpoint of the fleet), and
+        // the agents, which stay where their first request goes, would
+        // leave endpoint 3 without a request for the whole run.
+        let tool: Vec<u64> = (1..=31).collect();
+        let request = [tool.as_slice(), &[1_000]].concat();
+        let on_holder = |e: &Endpoint| {
+            if *e == ep(1) {
+                waiting(20, 20 * 64)
+            } else {
+                InFlight::default()
+            }
+        };
+        let decide = |r: &Router| {
+            let states = idle_states(r, 0);
+            let mut rng = fastrand::Rng::with_seed(1);
+            r.decide(
+                &request,
+                2_048,
+                &states,
+                &OutlierTable::default(),
+                on_holder,
+                1,
+                &mut rng,
+            )
+            .unwrap()
+        };
+        let mut r = router(3);
+        r.learn(ep(1), &tool, 0);
+        r.learn(ep(2), &[] as &[u64], 0);
+        // Endpoint 3 has been sent nothing: no one there for the repeated
+        // prefill to delay, and the move pays on the first token alone.
+        let d = decide(&r);
+        assert_eq!((d.endpoint, d.reason), (ep(3), Reason::Load), "{d:?}");
+        let o = d.overruled.unwrap();
+        assert_eq!((o.check, o.endpoint), (CostCheck::LeftHolder, ep(1)));
+        // Once it has been sent a request it is charged like endpoint 2,
+        // and the agents' next requests stay with the holder.
+        r.learn(ep(3), &[] as &[u64], 0);
+        let d = decide(&r);
+        assert_eq!(
+            (d.endpoint, d.reason, d.overruled),
+            (ep(1), Reason::Prefix, None),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn a_near_tie_of_two_long_prefills_stays_on_the_holder_even_uncharged() {
+        // Long-qa's first burst: endpoint 1 has just been sent a document
+        // of 38 400 tokens for its first question, and the next question
+        // comes before kvroute has sent endpoint 2 anything, so a move
+        // there is charged nothing (`arrivals_at`). The document ahead on
+        // the holder costs about as much as prefilling it again there
+        // (3 988 vs 3 860 ms): within the margin of noise (5 %, 199 ms),
+        // not the holder's step (20 ms). Moving would prefill it twice.
+        let mut r = router(2);
+        let mut rng = fastrand::Rng::with_seed(1);
+        let states = idle_states(&r, 0);
+        let doc: Vec<u64> = (1..=600).collect();
+        r.learn(ep(1), &doc[..590], 0);
+        let d = decide_doc(&r, &doc, &states, work(38_400), &mut rng);
+        assert_eq!((d.endpoint, d.overruled), (ep(1), None), "{d:?}");
+        let p = d.prediction.unwrap();
+        assert!(p.cost_ms - p.overhead_ms > 3_880.0, "{p:?}");
+    }
+
+    #[test]
+    fn arrivals_at_an_endpoint_fall_with_the_time_it_has_been_sent_nothing() {
+        use crate::scheduler::test_support::cand;
+        // The fleet: one request per 100 ms at each endpoint.
+        let fleet = 0.01;
+        let mut c = cand(0);
+        assert_eq!(arrivals_at(&c, fleet, 10_000), 0.0, "never sent one");
+        c.last_picked_ms = Some(9_800);
+        assert_eq!(arrivals_at(&c, fleet, 10_000), fleet, "2 gaps: the fleet's");
+        c.last_picked_ms = Some(4_000);
+        assert_eq!(arrivals_at(&c, fleet, 10_000), 0.0005, "60 gaps: 3 in 6 s");
+        c.last_picked_ms = Some(10_005);
+        assert_eq!(arrivals_at(&c, fleet, 10_000), fleet, "a clock behind");
+        // Anything there, kvroute's or another client's: the fleet's.
+        c.last_picked_ms = None;
+        c.inflight = waiting(1, 64);
+        assert_eq!(arrivals_at(&c, fleet, 10_000), fleet);
+        c.inflight = InFlight::default();
+        c.snapshot.as_mut().unwrap().running = 1.0;
+        assert_eq!(arrivals_at(&c, fleet, 10_000), fleet);
+        // A fleet with nothing in flight, or unknown, is left as it is.
+        c.snapshot = None;
+        assert_eq!(arrivals_at(&c, 0.0, 10_000), 0.0);
+        assert!(arrivals_at(&c, f64::NAN, 10_000).is_nan());
+    }
+
+    #[test]
     fn leave_costlier_holder_leaves_adapter_requests_to_the_scores() {
         // The model does not price loading an adapter on the other pod.
         let mut r = two_models();
@@ -996,6 +1156,7 @@ mod tests {
     #[test]
     fn ttft_keeps_a_long_prefix_on_a_busy_holder_until_its_queue_costs_more() {
         let mut r = ttft_router(2);
+        in_rotation(&mut r);
         let mut rng = fastrand::Rng::with_seed(1);
         let states = idle_states(&r, 0);
         let doc: Vec<u64> = (1..=600).collect(); // 38 400 tokens
@@ -1057,6 +1218,7 @@ mod tests {
         // sooner and a question took the document there: a second 38 400
         // token prefill, with every question behind it.
         let mut r = ttft_router(2);
+        in_rotation(&mut r);
         let mut rng = fastrand::Rng::with_seed(1);
         let states = idle_states(&r, 0);
         let doc: Vec<u64> = (1..=600).collect();
@@ -1066,12 +1228,15 @@ mod tests {
         let (holder, other) = (d.predictions[0], d.predictions[1]);
         assert!(other.cost_ms < holder.cost_ms, "{d:?}");
         assert_eq!(holder.move_charge_ms, 0.0);
-        // Charged in full: the repeated prefill, plus the holder's step.
+        // Charged in full: the repeated prefill, plus the holder's margin
+        // of noise (5 % of its 4 s, more than its step).
         let repeat = (38_400.0 - 640.0) * other.ms_per_token;
-        let charge = repeat + holder.overhead_ms;
+        let charge = repeat + noise_ms(&holder);
+        assert!(noise_ms(&holder) > holder.overhead_ms);
         assert!((other.move_charge_ms - charge).abs() < 1e-6, "{other:?}");
-        // With twice the document ahead there, the move pays after all.
-        let d = decide_doc(&r, &doc, &states, work(2 * 38_400 + 1_000), &mut rng);
+        // With twice the document ahead there and then some (beyond the
+        // margin of noise), the move pays after all.
+        let d = decide_doc(&r, &doc, &states, work(2 * 38_400 + 3_000), &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load), "{d:?}");
     }
 

@@ -465,7 +465,7 @@ impl Router {
         let figures = Figures::measure(&facts, &candidates);
         let mut decision = if self.config.scheduling.profile == Profile::PredictedTtft {
             let mut predictions = self.predict(&candidates, prompt_tokens, now_ms);
-            self.charge_moves(&candidates, &figures, &mut predictions);
+            self.charge_moves(&candidates, &figures, &mut predictions, now_ms);
             self.scheduler
                 .pick_measured(&facts, &candidates, &figures, &predictions, rng)?
         } else {
