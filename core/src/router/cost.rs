@@ -126,11 +126,12 @@ impl Router {
     /// cached, the cheapest such holder is kept unless leaving it pays by
     /// the rule `leave_costlier_holder` applies ([`move_pays`]: the pick's
     /// cost, charged for the prefill it repeats, below the holder's by more
-    /// than the margin of noise); a holder whose queue costs more than that still
-    /// loses. (Uncharged, a near tie went to the re-prefill: a holder that
-    /// has just started prefilling the very document a question needs
-    /// counts that document's in-flight tokens as ahead, as much as the
-    /// pick's own prefill of it.) Smaller differences stay with the load scores and
+    /// than the margin of noise, [`noise_ms`]); a holder whose queue costs
+    /// more than that still loses. (Uncharged, a near tie went to the
+    /// re-prefill: a holder that has just started prefilling the very
+    /// document a question needs counts that document's in-flight tokens
+    /// as ahead, as much as the pick's own prefill of it.) Smaller
+    /// differences stay with the load scores and
     /// [`Router::cheaper_rival`]: vetoing every move of a
     /// conversation whose shared prompt is cached everywhere kept hot
     /// groups on one pod (bench/README.md).
@@ -375,12 +376,12 @@ fn arrivals_at(mover: &Candidate, fleet: f64, now_ms: u64) -> f64 {
 /// costs the requests that arrive at the mover while it runs (the ones
 /// already there are in the mover's cost, `others_delay_ms`), so it is
 /// weighed by how many are expected: `arrivals_per_ms` (at the mover,
-/// [`arrivals_at`]) x the prefill's time, at most 1. A long document prefilled again is
-/// charged in full, as is any repeat on a saturated fleet; a short shared
-/// prompt on a quiet fleet is charged little, so a hot prefix can gain a
-/// holder on an idle pod before its first holder queues long (agentic on
-/// three trace seeds: a pod idle for the whole run on two charged in full,
-/// on one weighed; bench/README.md, 6 Dec 2026).
+/// [`arrivals_at`]) x the prefill's time, at most 1. A long document
+/// prefilled again is charged in full, as is any repeat on a saturated
+/// fleet; a short shared prompt on a quiet fleet is charged little, so a
+/// hot prefix can gain a holder on an idle pod before its first holder
+/// queues long (agentic on three trace seeds: a pod idle for the whole run
+/// on two charged in full, on one weighed; bench/README.md, 6 Dec 2026).
 fn charged(holder: &Prediction, mover: &Prediction, arrivals_per_ms: f64) -> f64 {
     let repeat_ms =
         mover.ms_per_token * non_negative(mover.uncached_tokens - holder.uncached_tokens);
