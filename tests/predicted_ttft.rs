@@ -4,7 +4,7 @@
 //! bytes (a pod made slow is learnt slow and sent less), and conversations
 //! keep their affinity; `keep_cheaper_holder` keeps a document on its
 //! holder, `leave_costlier_holder` moves a short prompt off a queueing one,
-//! and both say so.
+//! and both say so; agents sharing a tool prompt reach every pod.
 
 mod support;
 
@@ -309,6 +309,46 @@ fn leave_costlier_holder_moves_a_short_prompt_off_a_queueing_holder() {
         std::thread::sleep(std::time::Duration::from_millis(300));
         assert_moved_off(&ask(&envoy), &envoy, &sim, holder, leave);
     }
+}
+
+/// Agents sharing a tool prompt, with the default `weighted` profile: 24
+/// first requests of ~2 100 tokens, ~2 000 of them the same tool
+/// definitions, sent at once through two Envoy workers to 8 pods. Each
+/// agent's later steps follow its first request's pod, so a pod none of
+/// them reaches stays idle for the whole session. A move of the tool
+/// prompt to a pod kvroute has sent nothing is charged for no arrivals
+/// there (no one there to delay): as soon as a holder queues, the prompt
+/// gains a holder on an idle pod. Charged by the fleet's arrivals, the
+/// burst used 5 of the 8 pods (bench/README.md, "Eight pods").
+#[test]
+fn agents_sharing_a_tool_prompt_reach_every_pod() {
+    let pods = 8;
+    let sim = Sim::start(pods, &["--time-scale", "0.25", "--kv-blocks", "100000"]);
+    let envoy = Envoy::start(&sim.endpoints(), json!({"debug_header": DEBUG}), 2);
+    let tools = "tool definition: name, parameters, description. ".repeat(160);
+    let url = envoy.url("/v1/completions");
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(24));
+    let handles: Vec<_> = (0..24)
+        .map(|i| {
+            let (url, barrier) = (url.clone(), barrier.clone());
+            let prompt = format!("{tools}TASK {i}: {}", "plan the next step ".repeat(20));
+            std::thread::spawn(move || {
+                let body = json!({"model": MODEL, "max_tokens": 40, "prompt": prompt});
+                barrier.wait();
+                let r = post_json(&url, &body);
+                assert_eq!(r.status, 200, "{}", r.body);
+                r.pod().expect("pool pod")
+            })
+        })
+        .collect();
+    let mut per_pod = vec![0; pods];
+    for h in handles {
+        per_pod[h.join().unwrap()] += 1;
+    }
+    assert!(
+        per_pod.iter().all(|&n| n > 0),
+        "a pod got no agent: {per_pod:?}"
+    );
 }
 
 fn probe_short(envoy: &Envoy, i: usize) {
