@@ -221,8 +221,9 @@ fn a_refusal_on_one_replica_is_unlearnt_by_its_peers() {
 }
 
 /// Sends one new conversation per (prefix, replica) of `wave` at once;
-/// returns (prefix, pod) per request.
-fn burst(replicas: &[Envoy], wave: &[usize]) -> Vec<(usize, usize)> {
+/// returns (prefix, pod) per request, and each decision's debug header
+/// (for the failure messages: why a replica went elsewhere).
+fn burst(replicas: &[Envoy], wave: &[usize]) -> (Vec<(usize, usize)>, Vec<String>) {
     std::thread::scope(|s| {
         let handles: Vec<_> = wave
             .iter()
@@ -234,11 +235,12 @@ fn burst(replicas: &[Envoy], wave: &[usize]) -> Vec<(usize, usize)> {
                     body["messages"][1]["content"] = json!(format!("user {i} of prefix {p}"));
                     let r = post_json(&envoy.url("/v1/chat/completions"), &body);
                     assert_eq!(r.status, 200, "{}", r.body);
-                    (p, r.pod().unwrap())
+                    let why = format!("prefix {p} replica {i}: {}", r.header(DEBUG).unwrap_or(""));
+                    ((p, r.pod().unwrap()), why)
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+        handles.into_iter().map(|h| h.join().unwrap()).unzip()
     })
 }
 
@@ -263,16 +265,18 @@ fn burst_split_across_replicas_lands_on_one_pod_per_prefix() {
     // well inside the sync lag: every replica picks the same pod. Eight
     // such prefixes one after another (a random or least-recently-picked
     // tie-break per replica would agree on 1 in 16).
-    let mut results = Vec::new();
+    let (mut results, mut why) = (Vec::new(), Vec::new());
     for p in 0..8 {
-        results.extend(burst(&replicas, &[p]));
+        let (landed, decided) = burst(&replicas, &[p]);
+        results.extend(landed);
+        why.extend(decided);
         // Let the views settle: peers' in-flight counts are one sync old,
         // and two of them left over would move the choice (the load bound).
         // 500 ms is ten syncs; 200 ms (four) once left one replica of three
         // on another pod in a full CI run on a loaded box.
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert_eq!(agreeing(&results), 8, "{results:?}");
+    assert_eq!(agreeing(&results), 8, "{results:?}\n{}", why.join("\n"));
     // Distinct prefixes spread: not all on one pod. (Their pods are a hash
     // of the prefix and the pods' addresses, new ports every run: 8
     // prefixes land on only 2 of 4 pods in 2.3 % of runs, which this once
@@ -284,12 +288,12 @@ fn burst_split_across_replicas_lands_on_one_pod_per_prefix() {
     // off a pod that already has about two more in flight than the least
     // loaded, so agreement is partial (random choices: 1 prefix in 2), and
     // no pod takes the wave.
-    let results = burst(&replicas, &(8..16).collect::<Vec<_>>());
+    let (results, why) = burst(&replicas, &(8..16).collect::<Vec<_>>());
     let mut per_pod = [0usize; 4];
     for &(_, pod) in &results {
         per_pod[pod] += 1;
     }
-    assert!(agreeing(&results) >= 2, "{results:?}");
+    assert!(agreeing(&results) >= 2, "{results:?}\n{}", why.join("\n"));
     assert!(per_pod.iter().all(|&n| n <= 10), "{per_pod:?}");
 }
 
