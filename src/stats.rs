@@ -54,6 +54,9 @@ pub enum Counter {
     /// slower than the fleet's fastest (`scheduling.decode_speed`; also
     /// counted under their reason).
     DecisionMovedByDecode,
+    /// Cold decisions moved off an endpoint whose every slot was taken
+    /// (`scheduling.slot_wait`; also counted as cold decisions).
+    DecisionMovedBySlots,
     /// Decisions made again because another worker changed the in-flight
     /// table while they were being made (`VmState::route`): the first one
     /// had not seen that change.
@@ -153,7 +156,7 @@ pub enum Counter {
     ShadowCachedTokensBalancer,
 }
 
-const COUNTERS: [(Counter, &str); 54] = [
+const COUNTERS: [(Counter, &str); 55] = [
     (Counter::Requests, "kvroute.requests"),
     (Counter::Routed, "kvroute.routed"),
     (Counter::Parsed, "kvroute.parsed"),
@@ -178,6 +181,10 @@ const COUNTERS: [(Counter, &str); 54] = [
     (
         Counter::DecisionMovedByDecode,
         "kvroute.decision.moved_by_decode",
+    ),
+    (
+        Counter::DecisionMovedBySlots,
+        "kvroute.decision.moved_by_slots",
     ),
     (Counter::DecisionRedecided, "kvroute.decision.redecided"),
     (Counter::EngineRestarts, "kvroute.engine_restarts"),

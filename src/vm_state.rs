@@ -127,6 +127,7 @@ fn debug_value(d: &Decision, total_blocks: usize) -> String {
             CostCheck::KeptHolder => "kept_by_cost",
             CostCheck::LeftHolder => "moved_by_cost",
             CostCheck::LeftSlowerDecoder => "moved_by_decode",
+            CostCheck::LeftTakenSlots => "moved_by_slots",
         };
         let _ = write!(
             v,
@@ -485,6 +486,7 @@ impl VmState {
             Some(CostCheck::KeptHolder) => self.stats.inc(Counter::DecisionKeptByCost),
             Some(CostCheck::LeftHolder) => self.stats.inc(Counter::DecisionMovedByCost),
             Some(CostCheck::LeftSlowerDecoder) => self.stats.inc(Counter::DecisionMovedByDecode),
+            Some(CostCheck::LeftTakenSlots) => self.stats.inc(Counter::DecisionMovedBySlots),
             None => {}
         }
         if !blocks.is_empty() {

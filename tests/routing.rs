@@ -286,7 +286,8 @@ fn f_a_cold_burst_through_two_workers_spreads_evenly() {
     // Six new conversations at once through two Envoy workers, all still
     // running when the last arrives: the scrapes (1 s apart) cannot see
     // them, kvroute's shared in-flight table does. Within the cold load
-    // bound the endpoint with the fewest requests in flight wins. When
+    // bound the endpoint with the least prefill waiting (the same prompts:
+    // the fewest requests not yet answered) wins. When
     // recency decided, in milliseconds, these picks shared one or two, and
     // a coin flip among them gave a pod a second conversation while
     // another had none (8 runs of 14), and on an engine with few slots
@@ -301,6 +302,54 @@ fn f_a_cold_burst_through_two_workers_spreads_evenly() {
         per_pod::<3>(&burst),
         [2, 2, 2],
         "a pod got a new conversation while another had fewer in flight"
+    );
+}
+
+#[test]
+fn f_new_conversations_avoid_a_pod_still_prefilling_a_long_prompt() {
+    // One new 3000-token prompt, then six short new conversations with
+    // long answers, 30 ms apart, while it is still being prefilled (the
+    // sim at a quarter speed: ~0.5 s). The pod prefilling it has the
+    // fewest requests in flight, and once the others have two each its
+    // scores are within the cold margin. By count it got the fifth; the
+    // short prompts' first tokens would wait for the long prefill there,
+    // and not elsewhere. Scrapes (1 s apart, first at start-up) see none
+    // of it: kvroute's shared in-flight table does.
+    let sim = Sim::start(3, &["--time-scale", "4", "--kv-blocks", "100000"]);
+    let envoy = Envoy::start(
+        &sim.endpoints(),
+        json!({"metrics": {"scrape_interval_ms": 1000, "stale_after_ms": 5000}}),
+        2,
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    let url = envoy.url("/v1/completions");
+    let send = |prompt: String, max_tokens: u32| {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let body = json!({"model": MODEL, "max_tokens": max_tokens, "prompt": prompt});
+            let pod = post_json(&url, &body).pod().expect("pool pod");
+            (pod, started.elapsed())
+        })
+    };
+    let long = send(format!("long {}", "y".repeat(12_000)), 1);
+    std::thread::sleep(Duration::from_millis(80));
+    let shorts: Vec<_> = (0..6)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(30));
+            send(format!("short {i} {}", "z".repeat(600)), 100)
+        })
+        .collect();
+    let (long_pod, long_took) = long.join().unwrap();
+    let shorts: Vec<(usize, Duration)> = shorts.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        long_took > Duration::from_millis(80 + 6 * 30 + 50),
+        "the long prompt was prefilled before the last short one came: {long_took:?}"
+    );
+    let pods: Vec<usize> = shorts.iter().map(|&(pod, _)| pod).collect();
+    assert!(
+        !pods.contains(&long_pod),
+        "a short new conversation waited behind pod {long_pod}'s long prefill: {pods:?}"
     );
 }
 

@@ -89,10 +89,10 @@ impl RouterKind {
             RouterKind::KvroutePrefixOnly => Some(json!({"scheduling": {
                 "weights": {"prefix": 3, "queue": 0, "kv_cache": 0, "inflight_requests": 0, "inflight_tokens": 0},
                 "gate_max_queue_excess": 1e9, "keep_cheaper_holder": false,
-                "leave_costlier_holder": false}})),
+                "leave_costlier_holder": false, "slot_wait": false}})),
             RouterKind::KvrouteLoadOnly => Some(json!({"scheduling": {
                 "weights": {"prefix": 0}, "keep_cheaper_holder": false,
-                "leave_costlier_holder": false}})),
+                "leave_costlier_holder": false, "slot_wait": false}})),
             RouterKind::KvrouteTtft => Some(json!({"scheduling": {"profile": "predicted_ttft"}})),
             RouterKind::KvrouteShadow => Some(json!({"shadow": true})),
             _ => None,

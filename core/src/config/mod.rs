@@ -453,8 +453,9 @@ pub struct SchedulingConfig {
     pub min_range_tokens: f64,
     /// Cold requests (no prefix match anywhere): endpoints within this
     /// fraction of the total weight of the best score count as equal, and
-    /// the one with the fewest requests in flight wins, then the least
-    /// recently picked.
+    /// the one with the fewest prompt tokens waiting for their prefill
+    /// wins, then the fewest requests in flight, then the least recently
+    /// picked.
     pub cold_margin: f64,
     /// `weighted` and `affinity_gate`: when their pick leaves the holder
     /// of the longest prefix for load and would prefill again at least

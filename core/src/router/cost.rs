@@ -25,7 +25,10 @@ impl Router {
     ///   (`scheduling.leave_costlier_holder`);
     /// - a `cold` or `load` pick (one the check above left alone) on an
     ///   endpoint that streams answers slower than the fleet's fastest
-    ///   (`scheduling.decode_speed`): the same, keeping its reason.
+    ///   (`scheduling.decode_speed`): the same, keeping its reason;
+    /// - a `cold` pick on an endpoint whose slots are all taken
+    ///   (`scheduling.slot_wait`: the prediction holds a wait for a whole
+    ///   answer to end): the same, keeping its reason.
     ///
     /// All leave a pick only by one rule ([`move_pays`]).
     ///
@@ -42,7 +45,8 @@ impl Router {
         let scheduling = &self.config.scheduling;
         if !(scheduling.keep_cheaper_holder
             || scheduling.leave_costlier_holder
-            || scheduling.decode_speed)
+            || scheduling.decode_speed
+            || scheduling.slot_wait)
         {
             return;
         }
@@ -89,15 +93,23 @@ impl Router {
         }
         .or_else(|| {
             // A cold pick is the rotation's and a load pick the load
-            // scores': both count requests, not capacity. On a mixed fleet
-            // one on an endpoint that streams slower is priced.
-            let slower = matches!(decision.reason, Reason::Cold | Reason::Load)
+            // scores': both count requests and tokens, not capacity. A
+            // cold one on an engine whose slots are all taken is priced
+            // (the rotation takes the least prefill waiting, and a pod
+            // whose slots all decode has none waiting), and on a mixed
+            // fleet either one on an endpoint that streams slower.
+            let check = if req.adapter.is_some() {
+                None
+            } else if decision.reason == Reason::Cold && prediction.slot_wait_ms > 0.0 {
+                Some(CostCheck::LeftTakenSlots)
+            } else if matches!(decision.reason, Reason::Cold | Reason::Load)
                 && prediction.slow_decode_ms > 0.0
-                && req.adapter.is_none();
-            slower
-                .then(cheaper_rival)
-                .flatten()
-                .map(|(c, p)| (CostCheck::LeftSlowerDecoder, c, p))
+            {
+                Some(CostCheck::LeftSlowerDecoder)
+            } else {
+                None
+            };
+            check.and_then(|check| cheaper_rival().map(|(c, p)| (check, c, p)))
         });
         decision.prediction = Some(prediction);
         if let Some((check, c, p)) = better {
@@ -110,7 +122,7 @@ impl Router {
             decision.reason = match check {
                 CostCheck::KeptHolder => Reason::Prefix,
                 CostCheck::LeftHolder => Reason::Load,
-                CostCheck::LeftSlowerDecoder => decision.reason,
+                CostCheck::LeftSlowerDecoder | CostCheck::LeftTakenSlots => decision.reason,
             };
             decision.matched_blocks = c.matched_blocks;
             decision.held_blocks = c.matched_blocks;
@@ -513,6 +525,7 @@ mod tests {
         // pod: the whole document would be prefilled again.
         r.config.scheduling.keep_cheaper_holder = false;
         r.config.scheduling.leave_costlier_holder = false;
+        r.config.scheduling.slot_wait = false;
         let d = decide(&r, 10_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!((d.prediction, d.overruled), (None, None));
@@ -810,6 +823,60 @@ mod tests {
                     assert_eq!((o.check, o.endpoint), (CostCheck::LeftHolder, ep(1)));
                     assert!(o.cost_ms > 1_400.0, "{o:?}");
                     assert_eq!(wait, Some(0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_cold_pick_leaves_an_engine_whose_slots_are_all_taken() {
+        // Engines of 2 slots. Endpoint 1 runs two of kvroute's requests,
+        // both past their first token (answering: no prefill waiting);
+        // endpoint 2 one that is still prefilling 150 tokens. The rotation
+        // takes the least prefill waiting, endpoint 1, where a new prompt
+        // would wait for one of the two answers to end.
+        let load = |e: &Endpoint| {
+            if *e == ep(1) {
+                InFlight {
+                    requests: 2,
+                    ..InFlight::default()
+                }
+            } else {
+                InFlight {
+                    requests: 1,
+                    tokens: 150,
+                    waiting: 1,
+                    progress_ms: 0,
+                }
+            }
+        };
+        let prompt = [7_001, 7_002, 7_003];
+        let mut rng = fastrand::Rng::with_seed(1);
+        for engine_slots in [None, Some(2)] {
+            let mut c = Config {
+                endpoints: vec![ep(1), ep(2)],
+                ..Config::default()
+            };
+            c.scheduling.seed = Some(1);
+            c.scheduling.engine_slots = engine_slots;
+            let r = Router::new(c);
+            let states = idle_states(&r, 0);
+            let outliers = OutlierTable::default();
+            let d = r
+                .decide(&prompt, 200, &states, &outliers, load, 10, &mut rng)
+                .unwrap();
+            assert_eq!(d.reason, Reason::Cold);
+            match engine_slots {
+                // No limit known: nothing to wait for, the rotation stands.
+                None => assert_eq!((d.endpoint, d.overruled), (ep(1), None)),
+                // A wait for an answer (1 s prior) against 150 tokens of
+                // prefill ahead: it moves, and says so.
+                Some(_) => {
+                    assert_eq!(d.endpoint, ep(2));
+                    let o = d.overruled.unwrap();
+                    assert_eq!((o.check, o.endpoint), (CostCheck::LeftTakenSlots, ep(1)));
+                    assert!(o.cost_ms > 400.0, "{o:?}");
+                    assert_eq!(d.prediction.unwrap().slot_wait_ms, 0.0);
                 }
             }
         }

@@ -23,25 +23,32 @@
 //! (each costs `inflight_requests / min_range_inflight` = 0.25) drops out
 //! of the set, and a burst of new conversations between two scrapes spreads
 //! over the pool instead of piling on one endpoint. Among the acceptable
-//! ones: the rendezvous choice (with a key), else the one with the fewest
-//! of kvroute's requests in flight (every Envoy worker's, the freshest
-//! load there is), and among those the least recently picked, which
-//! rotates new conversations over equally loaded endpoints; ties at
-//! random. Recency came first until 6 Dec 2026: it is kept in
-//! milliseconds and per worker, so a burst's picks mostly tie on it, and
-//! a burst that crossed a millisecond could give an endpoint a second new
-//! conversation, even a third, while another had one (about 1 burst of 8
-//! in 100 through 4 workers; a coin flip among the tied ones did so in
-//! about half the runs of a burst of 6 over 3 endpoints through 2 workers,
-//! `tests/routing.rs`). On an engine with 2 slots that request waits for a
-//! whole answer.
+//! ones: the rendezvous choice (with a key), else the one with the
+//! fewest prompt tokens of kvroute's still to prefill (sent, no first
+//! token back yet; every Envoy worker's, the freshest load there is), then
+//! the fewest of its requests in flight, then the least recently picked,
+//! which rotates new conversations over equally loaded endpoints; ties at
+//! random.
+//!
+//! Why tokens first: a cold request is prefilled after what is queued
+//! ahead of it, so its first token waits on those tokens, not on how many
+//! requests carry them. By count, a pod prefilling three new 3000-token
+//! conversations looks emptier than one serving nine cached turns of 200
+//! uncached tokens each, and a burst of new conversations piled on it
+//! (hotspot, seed 7: five cold prompts on one pod of four, a first token
+//! after 940 ms where the others waited 220 ms). Requests came first from
+//! 6 Dec 2026, recency before that: recency is kept in milliseconds and
+//! per worker, so a burst's picks mostly tie on it, and a burst that
+//! crossed a millisecond could give an endpoint a second new conversation,
+//! even a third, while another had one (`tests/routing.rs`). Tokens keep
+//! that: each pick adds its prompt to the shared in-flight table at once.
 //!
 //! ```text
 //! best  = max score
 //! near  = { i | score_i >= best - eps }                 (warm)
 //!         { i | score_i >= best - margin }              (cold)
 //! key:    argmax_{i in near} xxh3(endpoint_i, seed = key)
-//! no key: cold: near = argmin_{i in near} (inflight_i, last_picked_ms_i)
+//! no key: cold: near = argmin_{i in near} (prefill_i, inflight_i, last_picked_ms_i)
 //!               (lexicographic; never picked first);
 //!         uniformly at random in near
 //! ```
@@ -54,12 +61,16 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub const EPS: f64 = 1e-9;
 
 /// How a cold pick orders the acceptable candidates, lowest first (the
-/// fields in order): the fewest requests in flight, then the least
-/// recently picked (never picked first). Recency is in milliseconds and
-/// per worker: the picks of a burst, made in one or two of them by
-/// several workers, do not tell apart on it.
+/// fields in order): the fewest prompt tokens waiting for their prefill,
+/// then the fewest requests in flight, then the least recently picked
+/// (never picked first). Recency is in milliseconds and per worker: the
+/// picks of a burst, made in one or two of them by several workers, do
+/// not tell apart on it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ColdRank {
+    /// Uncached prompt tokens kvroute has sent it whose first token has
+    /// not come back (every worker's: `InFlight::tokens`).
+    pub prefill: u64,
     /// kvroute's requests in flight on it (every worker's).
     pub inflight: u32,
     /// When the endpoint was last picked (ms; this worker's picks and the
@@ -292,8 +303,9 @@ mod tests {
             let ranks: Vec<ColdRank> = ranks
                 .iter()
                 .map(|&(last_picked_ms, inflight)| ColdRank {
-                    last_picked_ms,
+                    prefill: 0,
                     inflight,
+                    last_picked_ms,
                 })
                 .collect();
             for seed in 0..20 {
@@ -308,6 +320,45 @@ mod tests {
                 assert!(allowed.contains(&got), "{scores:?} {ranks:?}: {got}");
             }
         }
+    }
+
+    #[test]
+    fn cold_prefers_the_least_prefill_waiting_over_fewer_requests() {
+        // Hotspot's first burst: one endpoint prefills three new 3000-token
+        // conversations, the others serve cached turns (a few hundred
+        // uncached tokens each, more of them).
+        let rank = |prefill, inflight, last| ColdRank {
+            prefill,
+            inflight,
+            last_picked_ms: Some(last),
+        };
+        let ranks = [
+            rank(9_639, 3, 1),
+            rank(1_800, 9, 9),
+            rank(1_400, 7, 8),
+            rank(1_600, 8, 7),
+        ];
+        let scores = [4.8, 5.0, 5.0, 5.0];
+        for seed in 0..20 {
+            let got = pick(
+                &scores,
+                &ranks,
+                None,
+                Some(0.5),
+                &mut fastrand::Rng::with_seed(seed),
+            );
+            assert_eq!(got, Some(2), "{ranks:?}");
+        }
+        // Nothing waiting anywhere: the requests in flight, then recency.
+        let idle = [rank(0, 2, 1), rank(0, 1, 9), rank(0, 1, 3)];
+        let got = pick(
+            &[5.0; 3],
+            &idle,
+            None,
+            Some(0.5),
+            &mut fastrand::Rng::with_seed(1),
+        );
+        assert_eq!(got, Some(2));
     }
 
     #[test]
@@ -328,7 +379,7 @@ mod tests {
                         &[
                             ColdRank {
                                 last_picked_ms: Some(seed),
-                                inflight: 0,
+                                ..ColdRank::default()
                             },
                             ColdRank::default(),
                         ],
