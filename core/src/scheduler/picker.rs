@@ -35,13 +35,18 @@
 //! requests carry them. By count, a pod prefilling three new 3000-token
 //! conversations looks emptier than one serving nine cached turns of 200
 //! uncached tokens each, and a burst of new conversations piled on it
-//! (hotspot, seed 7: five cold prompts on one pod of four, a first token
-//! after 940 ms where the others waited 220 ms). Requests came first from
-//! 6 Dec 2026, recency before that: recency is kept in milliseconds and
-//! per worker, so a burst's picks mostly tie on it, and a burst that
-//! crossed a millisecond could give an endpoint a second new conversation,
-//! even a third, while another had one (`tests/routing.rs`). Tokens keep
-//! that: each pick adds its prompt to the shared in-flight table at once.
+//! (hotspot, seed 7: six of the burst's eight cold picks on one pod of
+//! four, first tokens after up to 940 ms where the others waited 220 ms).
+//! A pod whose every slot is answering has no prefill waiting either: on
+//! an engine of few slots the router prices such a pick and moves it when
+//! another is cheaper (`router/cost.rs`, `scheduling.slot_wait`).
+//!
+//! Requests came first from 6 Dec 2026, recency before that: recency is
+//! kept in milliseconds and per worker, so a burst's picks mostly tie on
+//! it, and a burst that crossed a millisecond could give an endpoint a
+//! second new conversation, even a third, while another had one
+//! (`tests/routing.rs`). Tokens keep that: each pick adds its prompt to
+//! the shared in-flight table at once.
 //!
 //! ```text
 //! best  = max score
