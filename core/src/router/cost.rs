@@ -43,10 +43,13 @@ impl Router {
         now_ms: u64,
     ) {
         let scheduling = &self.config.scheduling;
+        // The slot check prices cold picks only: with the other checks off,
+        // the rest are not predicted (nor learnt from) as before.
+        let slot_check = scheduling.slot_wait && decision.reason == Reason::Cold;
         if !(scheduling.keep_cheaper_holder
             || scheduling.leave_costlier_holder
             || scheduling.decode_speed
-            || scheduling.slot_wait)
+            || slot_check)
         {
             return;
         }
@@ -525,7 +528,6 @@ mod tests {
         // pod: the whole document would be prefilled again.
         r.config.scheduling.keep_cheaper_holder = false;
         r.config.scheduling.leave_costlier_holder = false;
-        r.config.scheduling.slot_wait = false;
         let d = decide(&r, 10_000, &mut rng);
         assert_eq!((d.endpoint, d.reason), (ep(2), Reason::Load));
         assert_eq!((d.prediction, d.overruled), (None, None));
