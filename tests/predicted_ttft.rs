@@ -4,7 +4,9 @@
 //! bytes (a pod made slow is learnt slow and sent less), and conversations
 //! keep their affinity; `keep_cheaper_holder` keeps a document on its
 //! holder, `leave_costlier_holder` moves a short prompt off a queueing one,
-//! and both say so; agents sharing a tool prompt reach every pod.
+//! and both say so; `slot_wait` moves a turn or a new conversation off a
+//! pod whose slots are all taken; agents sharing a tool prompt reach every
+//! pod.
 
 mod support;
 
@@ -524,4 +526,79 @@ fn a_request_that_finished_since_the_scrape_no_longer_takes_a_slot() {
         assert!(!debug.contains("moved_by_cost"), "{debug}");
     }
     assert_eq!(envoy.stat("wasmcustom.kvroute.decision.moved_by_cost"), 0.0);
+}
+
+/// `scheduling.slot_wait` on a cold pick, with the default `weighted`
+/// profile: engines of two slots (`engine_slots: 2`), the sim at a quarter
+/// speed. One pod answers two long streams of a conversation: both its
+/// slots are taken and no prefill waits there. The other prefills a new
+/// 1500-token prompt, with a slot free. Then a new conversation comes:
+/// both pods are within the cold margin, and the cold rank (the least
+/// prefill waiting) takes the first pod, where the prompt would wait for
+/// a whole answer to end (half a second of slot time, 1 s a request until
+/// streams end in full) rather than for the prefill ahead of it on the
+/// other (about a quarter of a second). The slot check prices both and
+/// moves it, saying so; with `slot_wait` off it stays. (Its first token
+/// then came after 3.1 s, when an answer ended, against 0.26 s moved.)
+#[test]
+fn a_new_conversation_leaves_a_pod_whose_slots_all_answer() {
+    let history = "the customer asked about the refund policy for damaged parcels ".repeat(40);
+    for slot_wait in [false, true] {
+        let sim = Sim::start(2, &["--max-num-seqs", "2", "--time-scale", "4"]);
+        let scheduling = match slot_wait {
+            true => json!({"engine_slots": 2}),
+            false => json!({"slot_wait": false}),
+        };
+        let envoy = Envoy::start(
+            &sim.endpoints(),
+            json!({"debug_header": DEBUG, "scheduling": scheduling}),
+            1,
+        );
+        route_ten(&envoy, "short", 4);
+        let running = |i: usize| sim.state(i)["running"].as_u64().unwrap_or(0);
+        let port = envoy.port;
+        let mut answers = Vec::new();
+        for turn in 1..=2 {
+            let body = json!({"model": MODEL, "max_tokens": 150, "stream": true,
+                              "prompt": format!("{history} turn {turn}")});
+            answers.push(std::thread::spawn(move || {
+                sse_events(port, "/v1/completions", &body)
+            }));
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        let answering = usize::from(running(1) == 2);
+        assert_eq!(
+            [running(answering), running(1 - answering)],
+            [2, 0],
+            "both turns answer on one pod"
+        );
+        let url = envoy.url("/v1/completions");
+        let long = json!({"model": MODEL, "max_tokens": 1, "prompt": "long ".repeat(1_200)});
+        let prefilling = std::thread::spawn(move || post_json(&url, &long).pod());
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        let new = json!({"model": MODEL, "max_tokens": 1,
+                         "prompt": format!("a new conversation {}", "w".repeat(600))});
+        let r = post_json(&envoy.url("/v1/completions"), &new);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let debug = r.header(DEBUG).expect("debug header").to_string();
+        assert_eq!(prefilling.join().unwrap(), Some(1 - answering));
+        assert!(debug.contains("reason=Cold"), "{debug}");
+        let moved = envoy.stat("wasmcustom.kvroute.decision.moved_by_slots");
+        if slot_wait {
+            assert_eq!(r.pod(), Some(1 - answering), "{debug}");
+            let over = format!(" over {}=", sim.endpoint(answering));
+            let to = format!("moved_by_slots={}=", sim.endpoint(1 - answering));
+            assert!(debug.contains(&to) && debug.contains(&over), "{debug}");
+            assert_eq!(moved, 1.0);
+        } else {
+            assert_eq!(r.pod(), Some(answering), "{debug}");
+            assert!(!debug.contains("moved_by_slots"), "{debug}");
+            assert_eq!(moved, 0.0);
+        }
+        drop(envoy);
+        drop(sim);
+        for a in answers {
+            let _ = a.join();
+        }
+    }
 }
