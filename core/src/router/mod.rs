@@ -460,6 +460,7 @@ impl Router {
             // gateway rotates them instead (a hash spreads a few new
             // conversations less evenly than a rotation does).
             affinity_key: self.config.peers.as_ref().and(blocks.first().copied()),
+            first_block: blocks.first().copied(),
             adapter,
         };
         let figures = Figures::measure(&facts, &candidates);
@@ -767,6 +768,7 @@ mod tests {
                 total_blocks: request.len(),
                 prompt_tokens: request.len() as u64 * 64,
                 affinity_key: None,
+                first_block: request.first().copied(),
                 adapter: None,
             };
             let mut want =
@@ -1154,6 +1156,48 @@ mod tests {
         };
         assert_eq!(Router::fallbacks(&d, 2), vec![ep(3), ep(4)]);
         assert_eq!(Router::fallbacks(&d, 9).len(), 3);
+    }
+
+    /// Envoy workers (each a router with its own RNG) that decide copies of
+    /// one new prompt at once, on the same view of the pool, send them to
+    /// one endpoint: the ties a cold pick leaves (an idle pool, none
+    /// picked yet or all in the same millisecond) go by a hash of the
+    /// prompt's first block, not by each worker's RNG. They went by the
+    /// RNG, and two workers routing copies of a new prompt at once put it
+    /// on two pods (`tests/routing.rs`, copies of a new prompt routed by
+    /// four workers). Distinct prompts still spread over the pool.
+    #[test]
+    fn workers_deciding_copies_of_a_new_prompt_agree() {
+        let now = 1_000;
+        let workers: Vec<Router> = (0..4).map(|_| router(4)).collect();
+        let states = idle_states(&workers[0], now);
+        let mut used = HashMap::new();
+        for prompt in 0..40u64 {
+            let blocks = [prompt << 8 | 1, prompt << 8 | 2];
+            let picks: Vec<Endpoint> = workers
+                .iter()
+                .enumerate()
+                .map(|(seed, r)| {
+                    let mut rng = fastrand::Rng::with_seed(seed as u64);
+                    let d = r
+                        .decide(
+                            &blocks,
+                            128,
+                            &states,
+                            &OutlierTable::default(),
+                            |_| InFlight::default(),
+                            now,
+                            &mut rng,
+                        )
+                        .unwrap();
+                    assert_eq!(d.reason, Reason::Cold);
+                    d.endpoint
+                })
+                .collect();
+            assert!(picks.iter().all(|e| *e == picks[0]), "{prompt}: {picks:?}");
+            *used.entry(picks[0]).or_insert(0) += 1;
+        }
+        assert_eq!(used.len(), 4, "{used:?}");
     }
 
     #[test]

@@ -116,6 +116,10 @@ pub struct RequestFacts {
     /// every replica; `None` when the prompt was not read or the gateway
     /// has no peers.
     pub affinity_key: Option<u64>,
+    /// The prompt's first block hash (`None` when it has none): breaks the
+    /// ties a cold pick leaves by rendezvous hashing (`picker`), so that
+    /// workers deciding copies of one new prompt on the same view agree.
+    pub first_block: Option<u64>,
     /// The LoRA adapter the request names (`metrics::lora::adapter_id`),
     /// for the lora-affinity scorer; `None` for a base-model request.
     pub adapter: Option<crate::metrics::lora::AdapterId>,
@@ -374,7 +378,12 @@ impl Scheduler {
             weight_sum
         };
         let margin = cold.then_some(self.config.cold_margin * unit);
-        let k = picker::pick(&total, &cold_rank, rank.as_deref(), margin, rng)?;
+        let kept_ref = &kept;
+        let tie = req
+            .first_block
+            .map(|key| move |p: usize| picker::rendezvous(key, &candidates[kept_ref[p]].endpoint));
+        let tie = tie.as_ref().map(|f| f as &dyn Fn(usize) -> u64);
+        let k = picker::pick(&total, &cold_rank, rank.as_deref(), margin, tie, rng)?;
         let chosen = &candidates[kept[k]];
 
         // Prefix: the chosen endpoint holds the longest prefix any live
@@ -578,6 +587,7 @@ mod tests {
             total_blocks: blocks,
             prompt_tokens: blocks as u64 * 64,
             affinity_key: None,
+            first_block: None,
             adapter: None,
         }
     }
@@ -1080,6 +1090,7 @@ mod conversation_tests {
                     total_blocks: blocks,
                     prompt_tokens: blocks as u64 * 64,
                     affinity_key: None,
+                    first_block: None,
                     adapter: None,
                 };
                 let d = s.pick(&req, &cands, &mut rng).unwrap();

@@ -13,7 +13,13 @@
 //! endpoint, and distinct ones spread as a hash spreads. A lone gateway has
 //! no key (a rotation spreads a handful of new conversations more evenly
 //! than a hash): ties go to the seeded RNG, cold requests to the least
-//! recently picked candidate.
+//! recently picked candidate, and the ties left among those (an idle pool
+//! none was picked from yet, or picks in one millisecond) by the same
+//! hash of the prompt's first block. Envoy workers that route copies of
+//! one new prompt at once decide on the same shared view; with the RNG
+//! deciding those ties, two of them put it on two pods, and each copy
+//! after followed one of them (`tests/routing.rs`, copies of a new prompt
+//! routed by four workers).
 //!
 //! **Cold requests** (no candidate holds any block of the prompt): every
 //! candidate scoring within `margin` of the best is acceptable. The margin
@@ -27,8 +33,9 @@
 //! fewest prompt tokens of kvroute's still to prefill (sent, no first
 //! token back yet; every Envoy worker's, the freshest load there is), then
 //! the fewest of its requests in flight, then the least recently picked,
-//! which rotates new conversations over equally loaded endpoints; ties at
-//! random.
+//! which rotates new conversations over equally loaded endpoints; ties by
+//! the rendezvous hash of the prompt's first block (at random for a prompt
+//! shorter than a block).
 //!
 //! Why tokens first: a cold request is prefilled after what is queued
 //! ahead of it, so its first token waits on those tokens, not on how many
@@ -54,7 +61,8 @@
 //!         { i | score_i >= best - margin }              (cold)
 //! key:    argmax_{i in near} xxh3(endpoint_i, seed = key)
 //! no key: cold: near = argmin_{i in near} (prefill_i, inflight_i, last_picked_ms_i)
-//!               (lexicographic; never picked first);
+//!               (lexicographic; never picked first),
+//!               then argmax_{i in near} xxh3(endpoint_i, seed = first block);
 //!         uniformly at random in near
 //! ```
 
@@ -68,9 +76,10 @@ pub const EPS: f64 = 1e-9;
 /// How a cold pick orders the acceptable candidates, lowest first (the
 /// fields in order): the fewest prompt tokens waiting for their prefill,
 /// then the fewest requests in flight, then the least recently picked
-/// (never picked first). Recency is in milliseconds and per worker: the
-/// picks of a burst, made in one or two of them by several workers, do
-/// not tell apart on it.
+/// (never picked first). Recency is in milliseconds, and each worker
+/// knows the others' picks only once it has replayed them: the picks of a
+/// burst, made in one or two of them by several workers, do not tell
+/// apart on it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ColdRank {
     /// Uncached prompt tokens kvroute has sent it whose first token has
@@ -85,12 +94,15 @@ pub struct ColdRank {
 
 /// Index (into `scores`) of the picked candidate; `None` when empty.
 /// `cold_margin` is `Some(margin)` for a cold request; `cold_rank` orders
-/// its acceptable candidates (a missing rank is the lowest).
+/// its acceptable candidates (a missing rank is the lowest), and `tie`
+/// (the rendezvous weight of the candidate at an index, for the prompt's
+/// first block) decides between those left equal, else the RNG does.
 pub fn pick(
     scores: &[f64],
     cold_rank: &[ColdRank],
     rendezvous: Option<&[u64]>,
     cold_margin: Option<f64>,
+    tie: Option<&dyn Fn(usize) -> u64>,
     rng: &mut fastrand::Rng,
 ) -> Option<usize> {
     let best = max_ignoring_nan(scores);
@@ -113,6 +125,13 @@ pub fn pick(
         let rank = |i: usize| cold_rank.get(i).copied().unwrap_or_default();
         if let Some(first) = near.iter().map(|&i| rank(i)).min() {
             near.retain(|&i| rank(i) == first);
+        }
+        // Hashed only for the few left equal.
+        if let (Some(tie), true) = (tie, near.len() > 1) {
+            return near
+                .iter()
+                .max_by_key(|&&i| (tie(i), std::cmp::Reverse(i)))
+                .copied();
         }
     }
     if near.is_empty() {
@@ -204,14 +223,14 @@ mod tests {
             for seed in 0..20 {
                 let mut rng = fastrand::Rng::with_seed(seed);
                 assert_eq!(
-                    pick(scores, &[], None, None, &mut rng),
+                    pick(scores, &[], None, None, None, &mut rng),
                     Some(*want),
                     "{scores:?}"
                 );
             }
         }
         assert_eq!(
-            pick(&[], &[], None, None, &mut fastrand::Rng::with_seed(1)),
+            pick(&[], &[], None, None, None, &mut fastrand::Rng::with_seed(1)),
             None
         );
     }
@@ -226,12 +245,14 @@ mod tests {
                 &[],
                 None,
                 None,
+                None,
                 &mut fastrand::Rng::with_seed(seed),
             )
             .unwrap();
             let b = pick(
                 &scores,
                 &[],
+                None,
                 None,
                 None,
                 &mut fastrand::Rng::with_seed(seed),
@@ -319,6 +340,7 @@ mod tests {
                     &ranks,
                     None,
                     Some(*margin),
+                    None,
                     &mut fastrand::Rng::with_seed(seed),
                 )
                 .unwrap();
@@ -350,6 +372,7 @@ mod tests {
                 &ranks,
                 None,
                 Some(0.5),
+                None,
                 &mut fastrand::Rng::with_seed(seed),
             );
             assert_eq!(got, Some(2), "{ranks:?}");
@@ -361,6 +384,7 @@ mod tests {
             &idle,
             None,
             Some(0.5),
+            None,
             &mut fastrand::Rng::with_seed(1),
         );
         assert_eq!(got, Some(2));
@@ -390,6 +414,7 @@ mod tests {
                         ],
                         Some(&rank),
                         Some(0.5),
+                        None,
                         &mut rng,
                     )
                 })
@@ -404,13 +429,13 @@ mod tests {
             let mut loaded = scores;
             loaded[w] = 0.2;
             let mut rng = fastrand::Rng::with_seed(1);
-            let p = pick(&loaded, &[], Some(&rank), Some(0.5), &mut rng).unwrap();
+            let p = pick(&loaded, &[], Some(&rank), Some(0.5), None, &mut rng).unwrap();
             assert_ne!(p, w, "key {key}");
             // Warm: the best score wins; a tie among the best is the hash's.
             let mut warm = [0.0; 4];
             warm[(w + 1) % 4] = 2.0;
             assert_eq!(
-                pick(&warm, &[], Some(&rank), None, &mut rng),
+                pick(&warm, &[], Some(&rank), None, None, &mut rng),
                 Some((w + 1) % 4)
             );
         }

@@ -213,6 +213,7 @@ mod tests {
             total_blocks: 10,
             prompt_tokens: 640,
             affinity_key: None,
+            first_block: None,
             adapter: None,
         };
         let mut no_token_gate = cfg.clone();

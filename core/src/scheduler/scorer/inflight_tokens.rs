@@ -95,6 +95,7 @@ mod tests {
                 total_blocks: *blocks,
                 prompt_tokens: *tokens,
                 affinity_key: None,
+                first_block: None,
                 adapter: None,
             };
             let cands: Vec<_> = rows

@@ -62,6 +62,7 @@ mod tests {
                 total_blocks: *total,
                 prompt_tokens: 100,
                 affinity_key: None,
+                first_block: None,
                 adapter: None,
             };
             let cands: Vec<_> = matched
