@@ -778,6 +778,12 @@ impl VmState {
             if !retract.blocks.is_empty() {
                 self.append_own(&mut retract, None);
             }
+            // Every other worker that replays the entry retracted takes it
+            // as a pick of that endpoint now (its cold rotation reads it),
+            // and no retraction undoes that: this worker's rotation must
+            // read the same, or the next copies of a new prompt routed at
+            // once by this worker and another part ways.
+            self.router.learn(before.endpoint, &[] as &[u64], now_ms);
         }
         let mut entry = LogEntry::own(decision.endpoint, now_ms, std::mem::take(learned));
         let seq = self.append_own(&mut entry, head);
