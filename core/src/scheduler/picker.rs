@@ -127,11 +127,13 @@ pub fn pick(
             near.retain(|&i| rank(i) == first);
         }
         // Hashed only for the few left equal.
-        if let (Some(tie), true) = (tie, near.len() > 1) {
-            return near
-                .iter()
-                .max_by_key(|&&i| (tie(i), std::cmp::Reverse(i)))
-                .copied();
+        if near.len() > 1 {
+            if let Some(tie) = tie {
+                return near
+                    .iter()
+                    .max_by_key(|&&i| (tie(i), std::cmp::Reverse(i)))
+                    .copied();
+            }
         }
     }
     if near.is_empty() {

@@ -3,9 +3,9 @@
 //!
 //! | profile | filters | scorers (weight) | picker |
 //! |---|---|---|---|
-//! | `weighted` (default) | health, overload | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1); lora_affinity (4) for adapter requests only | max score; cold: fewest in flight, then least recently picked |
+//! | `weighted` (default) | health, overload | prefix (3), queue (2), kv_cache (2), inflight_requests (2), inflight_tokens (1); lora_affinity (4) for adapter requests only | max score; cold: within `cold_margin`, the least prefill waiting, then fewest in flight, then least recently picked, then a hash of the first block (`picker.rs`) |
 //! | `affinity_gate` | health, affinity gate | queue, kv_cache, inflight_requests, inflight_tokens; lora_affinity for adapter requests | same |
-//! | `predicted_ttft` | health | none: lowest predicted TTFT (`ttft.rs`) | min TTFT; cold: within `cold_margin` of the best, fewest in flight, then least recently picked |
+//! | `predicted_ttft` | health | none: lowest predicted TTFT (`ttft.rs`) | min TTFT; cold: within `cold_margin` of the best, the same order |
 //!
 //! `weighted` is llm-d's default scorer profile (prefix 3 / queue 2 /
 //! kv-cache 2) plus kvroute's in-flight scorers, behind an overload filter
