@@ -25,7 +25,7 @@ use kvroute_core::inflight::InFlightTable;
 use kvroute_core::outlier::OutlierTable;
 use kvroute_core::peer::table::PeerTable;
 use kvroute_core::peer::wire::AnswerBuilder;
-use kvroute_core::shared::decision_log::{slot_of, LogEntry};
+use kvroute_core::shared::decision_log::{slot_of, LogCursor, LogEntry, STALL_SKIP};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use kvroute_core::shared::lease::Lease;
 use proxy_wasm::hostcalls::{get_shared_data, set_shared_data};
@@ -34,9 +34,6 @@ use proxy_wasm::types::Status;
 /// CAS retries before an update is given up (contention is brief: the host
 /// holds one global mutex per get/set).
 const CAS_ATTEMPTS: usize = 16;
-
-/// A log entry still missing while this many later ones exist is skipped.
-const STALL_SKIP: u64 = 64;
 
 /// Shared-data keys of one plugin configuration.
 #[derive(Debug)]
@@ -51,13 +48,6 @@ pub struct SharedStore {
     log_slots: u32,
     replica: String,
     peers: String,
-}
-
-/// Where a VM is in the decision log.
-#[derive(Debug, Default)]
-pub struct LogCursor {
-    /// Next sequence number to replay.
-    pub next: u64,
 }
 
 /// Entries replayed by [`SharedStore::read_log`], and how many were lost.
@@ -396,45 +386,25 @@ impl SharedStore {
     pub fn cursor(&self) -> LogCursor {
         LogCursor {
             next: self.head().saturating_sub(self.log_slots as u64),
+            ahead: Vec::new(),
         }
     }
 
-    /// Entries appended since `cursor` (by any VM), advancing it. An entry
-    /// reserved but not yet written stops the read; it is retried next time.
-    /// Entries `own` says this VM wrote are skipped unread: it learnt them
-    /// when it made them.
+    /// Entries appended since `cursor` (by any VM), advancing it
+    /// (`LogCursor::replay`: an entry reserved but not yet written is read
+    /// next time, the ones after it now). Entries `own` says this VM wrote
+    /// are skipped unread: it learnt them when it made them.
     pub fn read_log(&self, cursor: &mut LogCursor, own: impl Fn(u64) -> bool) -> LogRead {
         let snapshot = self.head_snapshot();
-        let head = snapshot.value;
-        let mut read = LogRead {
+        let replay = cursor.replay(snapshot.value, self.log_slots, own, |seq| {
+            get(&self.slot_key(seq))
+                .0
+                .and_then(|v| LogEntry::decode(&v))
+        });
+        LogRead {
+            entries: replay.entries,
+            lost: replay.lost,
             head: Some(snapshot),
-            ..LogRead::default()
-        };
-        if head <= cursor.next {
-            return read;
         }
-        let oldest = head.saturating_sub(self.log_slots as u64);
-        if cursor.next < oldest {
-            read.lost = oldest - cursor.next;
-            cursor.next = oldest;
-        }
-        while cursor.next < head {
-            if own(cursor.next) {
-                cursor.next += 1;
-                continue;
-            }
-            let key = self.slot_key(cursor.next);
-            match get(&key).0.and_then(|v| LogEntry::decode(&v)) {
-                Some(e) if e.seq == cursor.next => read.entries.push(e),
-                // Overwritten by a later lap: lost.
-                Some(e) if e.seq > cursor.next => read.lost += 1,
-                // Reserved but not written yet: retry later, unless so many
-                // later entries exist that its writer must have failed.
-                _ if head - cursor.next <= STALL_SKIP => break,
-                _ => read.lost += 1,
-            }
-            cursor.next += 1;
-        }
-        read
     }
 }

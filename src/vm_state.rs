@@ -6,7 +6,7 @@
 //! what any worker routed before it; scrape states are refreshed on every
 //! tick; in-flight counts are read and updated (CAS) on every request.
 
-use crate::shared_store::{LogCursor, SharedStore, Snapshot};
+use crate::shared_store::{SharedStore, Snapshot};
 use crate::stats::{Counter, EndpointCounter, EndpointGauge, Stats};
 use kvroute_core::cache_trust::TrustChange;
 use kvroute_core::config::{Config, Handoff};
@@ -20,7 +20,7 @@ use kvroute_core::prefix::Prompt;
 use kvroute_core::request::InferenceRequest;
 use kvroute_core::router::Router;
 use kvroute_core::scheduler::{CostCheck, Decision};
-use kvroute_core::shared::decision_log::LogEntry;
+use kvroute_core::shared::decision_log::{LogCursor, LogEntry};
 use kvroute_core::shared::deferred::{Deferred, Pending};
 use kvroute_core::shared::endpoint_state::EndpointStates;
 use kvroute_core::ttft::Prediction;

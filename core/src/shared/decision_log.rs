@@ -196,6 +196,89 @@ pub fn slot_of(seq: u64, slots: u32) -> u32 {
     }
 }
 
+/// An entry still missing (reserved, not written) while this many later
+/// ones exist is taken as lost: its writer must have failed.
+pub const STALL_SKIP: u64 = 64;
+
+/// Where a VM is in replaying the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogCursor {
+    /// The first sequence number not replayed yet.
+    pub next: u64,
+    /// Sequence numbers after `next` already replayed: read past an entry
+    /// reserved but not yet written, which `next` waits at (fewer than
+    /// [`STALL_SKIP`]).
+    pub ahead: Vec<u64>,
+}
+
+/// What one [`LogCursor::replay`] read.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// Entries in sequence order (one reserved but not yet written is
+    /// replayed later, after the ones read past it).
+    pub entries: Vec<LogEntry>,
+    /// Entries overwritten before they could be read, or never written.
+    pub lost: u64,
+}
+
+impl LogCursor {
+    /// Replays the entries before `head` (the next sequence number to be
+    /// reserved) of a ring of `slots`: `read(seq)` is what slot `seq` holds
+    /// (`None`: nothing decodable yet); `own(seq)` marks this VM's own
+    /// entries, skipped unread.
+    ///
+    /// An entry reserved but not yet written does not stop the replay:
+    /// its writer reserves the slot, then writes it, and a later writer may
+    /// already have written its own and counted its decision in the
+    /// in-flight table. A VM that then sees that count must see what the
+    /// decision taught (the decision log is written before the count), so
+    /// the entries after the missing one are read now and the missing one
+    /// next time. Out of order is safe: a `forget` entry only ever follows
+    /// the written entry it retracts (the same VM wrote both, in turn), and
+    /// the rest are records of separate decisions.
+    pub fn replay(
+        &mut self,
+        head: u64,
+        slots: u32,
+        own: impl Fn(u64) -> bool,
+        mut read: impl FnMut(u64) -> Option<LogEntry>,
+    ) -> Replay {
+        let mut out = Replay::default();
+        if head <= self.next {
+            return out;
+        }
+        let oldest = head.saturating_sub(u64::from(slots));
+        if self.next < oldest {
+            out.lost = oldest - self.next;
+            self.next = oldest;
+        }
+        // The first entry reserved but not yet written, if any.
+        let mut waiting = None;
+        for seq in self.next..head {
+            if own(seq) || self.ahead.contains(&seq) {
+                continue;
+            }
+            match read(seq) {
+                Some(e) if e.seq == seq => out.entries.push(e),
+                // Overwritten by a later lap: lost.
+                Some(e) if e.seq > seq => out.lost += 1,
+                _ if head - seq <= STALL_SKIP => {
+                    waiting.get_or_insert(seq);
+                    continue;
+                }
+                _ => out.lost += 1,
+            }
+            if waiting.is_some() {
+                self.ahead.push(seq);
+            }
+        }
+        self.next = waiting.unwrap_or(head);
+        let next = self.next;
+        self.ahead.retain(|&s| s > next);
+        out
+    }
+}
+
 /// Bounds-checked little reader over a byte slice.
 struct Reader<'a>(&'a [u8]);
 
@@ -212,6 +295,64 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// A ring of 8 slots whose writers reserved sequence numbers 0..5 and
+    /// wrote all but `unwritten`.
+    fn written(seq: u64, unwritten: &[u64]) -> Option<LogEntry> {
+        let ep: Endpoint = "10.0.0.1:8000".parse().unwrap();
+        (!unwritten.contains(&seq)).then(|| LogEntry {
+            seq,
+            ..LogEntry::own(ep, seq, vec![seq])
+        })
+    }
+
+    fn seqs(r: &Replay) -> Vec<u64> {
+        r.entries.iter().map(|e| e.seq).collect()
+    }
+
+    /// Entry 1 is reserved and not yet written while entries 2-4 are (a
+    /// worker that reserved after it wrote first, and counted its decision
+    /// in the in-flight table). The replay reads 2-4 now and 1 once it is
+    /// written, each once. It stopped at 1: a worker that saw entry 3's
+    /// decision counted did not see what it taught, took its copy of the
+    /// same new prompt for another one and placed it elsewhere
+    /// (`tests/routing.rs`, copies of a new prompt routed by four workers).
+    #[test]
+    fn an_entry_not_yet_written_does_not_hide_the_ones_after_it() {
+        let mut c = LogCursor::default();
+        let r = c.replay(5, 8, |_| false, |s| written(s, &[1]));
+        assert_eq!(seqs(&r), [0, 2, 3, 4]);
+        assert_eq!((c.next, &c.ahead[..], r.lost), (1, &[2, 3, 4][..], 0));
+        // Still missing: nothing new.
+        let r = c.replay(5, 8, |_| false, |s| written(s, &[1]));
+        assert!(r.entries.is_empty());
+        // Written, and one more after it.
+        let r = c.replay(6, 8, |_| false, |s| written(s, &[]));
+        assert_eq!(seqs(&r), [1, 5]);
+        assert_eq!((c.next, c.ahead.len()), (6, 0));
+    }
+
+    #[test]
+    fn own_entries_are_skipped_and_lost_ones_counted() {
+        let mut c = LogCursor::default();
+        let r = c.replay(4, 8, |s| s == 1, |s| written(s, &[]));
+        assert_eq!(seqs(&r), [0, 2, 3]);
+        // The ring lapped the cursor: 12 entries since, 8 slots.
+        let r = c.replay(16, 8, |_| false, |s| written(s, &[]));
+        assert_eq!((r.lost, seqs(&r)), (4, (8..16).collect::<Vec<_>>()));
+        // A slot never written while more than STALL_SKIP later ones
+        // exist: its writer failed, it is lost.
+        let mut c = LogCursor {
+            next: 16,
+            ahead: Vec::new(),
+        };
+        let head = 16 + STALL_SKIP + 1;
+        let r = c.replay(head, 128, |_| false, |s| written(s, &[16]));
+        assert_eq!(
+            (r.lost, r.entries.len() as u64, c.next),
+            (1, STALL_SKIP, head)
+        );
+    }
 
     fn entry(ep: &str, blocks: Vec<u64>) -> LogEntry {
         LogEntry {
