@@ -112,7 +112,7 @@ pub struct FleetArgs {
     pub engine: EngineArgs,
 }
 
-fn parse_json_object(s: &str) -> std::result::Result<serde_json::Value, String> {
+pub(crate) fn parse_json_object(s: &str) -> std::result::Result<serde_json::Value, String> {
     match serde_json::from_str::<serde_json::Value>(s) {
         Ok(v) if v.is_object() => Ok(v),
         Ok(_) => Err("expected a JSON object".into()),

@@ -45,9 +45,22 @@ pub struct OverheadArgs {
     /// `bench/results` are found from here).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/.."))]
     pub root: PathBuf,
-    /// First port used: pods on P, P+1; Envoys on P+10.. (listener, admin).
+    /// First port used: pods on P..P+pods-1; Envoys from P+pods+8 (two
+    /// ports each: listener, admin).
     #[arg(long, default_value_t = 19400)]
     pub base_port: u16,
+    /// Simulated pods behind every Envoy of the run, 1..=1024: the pool
+    /// kvroute decides over (and scrapes) on every request. Unique prompts
+    /// spread over all of them, so use `--warmup-rounds` of at least twice
+    /// the pool for both Envoys to have opened their upstream connections.
+    #[arg(long, default_value_t = 2)]
+    pub pods: u16,
+    /// kvroute's plugin configuration in the latency and throughput phases
+    /// (a JSON object; the endpoints are added), e.g.
+    /// `'{"metrics":{"max_scrapes_per_s":1}}'` to tell a large pool's
+    /// decision from its scraping. The other phases set their own.
+    #[arg(long, value_parser = crate::commands::parse_json_object)]
+    pub kvroute_config: Option<Value>,
     /// Envoy worker threads (`--concurrency`), the same for both Envoys.
     #[arg(long, default_value_t = 2)]
     pub workers: u16,
@@ -144,7 +157,10 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
             bail!("--before-wasm {}: not a file", w.display());
         }
     }
-    let ports = Ports(args.base_port);
+    let ports = Ports {
+        base: args.base_port,
+        pods: args.pods,
+    };
     for port in ports.all() {
         procs::ensure_free(port)?;
     }
@@ -165,8 +181,8 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
         "client_shares_cores_with_envoy_and_sim": true,
         "config": {
             "workers": args.workers,
-            "pods": 2,
-            "sim": "kvroute-sim --pods 2 --no-latency",
+            "pods": args.pods,
+            "sim": format!("kvroute-sim --pods {} --no-latency", args.pods),
             "request": "POST /v1/chat/completions, one user message, unique 16-hex prefix, max_tokens 1, non-streaming",
             "latency_rounds": args.latency_rounds,
             "warmup_rounds": args.warmup_rounds,
@@ -176,6 +192,7 @@ pub fn run(args: &OverheadArgs) -> Result<()> {
             "rss_requests": args.rss_requests,
             "rss_body_bytes": args.rss_body_bytes,
             "before_wasm": args.before_wasm.iter().map(|w| w.display().to_string()).collect::<Vec<_>>(),
+            "kvroute_config": args.kvroute_config,
         },
         "latency": results.latency,
         "throughput": results.throughput,
@@ -212,24 +229,44 @@ fn validate(args: &OverheadArgs) -> Result<()> {
     if args.rss_sample_every == 0 || args.base_port > 65_000 || args.workers == 0 {
         bail!("--rss-sample-every and --workers must be > 0, --base-port <= 65000");
     }
+    if !(1..=1024).contains(&args.pods) {
+        bail!("--pods must be 1..=1024");
+    }
+    // The last port `Ports` hands out must fit.
+    let last = u32::from(args.base_port) + u32::from(args.pods.max(2)) + 8 + 2 * u32::from(ENVOYS);
+    if last > u32::from(u16::MAX) {
+        bail!(
+            "--base-port {} leaves no room for {} pods and the Envoys",
+            args.base_port,
+            args.pods
+        );
+    }
     Ok(())
 }
 
-/// The ports of one run, all on 127.0.0.1, derived from `--base-port`.
+/// Envoys a run may start (phases and `--before-wasm` builds together).
+const ENVOYS: u16 = 14;
+
+/// The ports of one run, all on 127.0.0.1, derived from `--base-port`:
+/// the pods first, then the Envoys (with 2 pods, from `base + 10`).
 #[derive(Debug, Clone, Copy)]
-struct Ports(u16);
+struct Ports {
+    base: u16,
+    pods: u16,
+}
 
 impl Ports {
     fn pod(self, i: u16) -> u16 {
-        self.0 + i
+        self.base + i
     }
     /// (listener, admin) of Envoy number `i`.
     fn envoy(self, i: u16) -> (u16, u16) {
-        (self.0 + 10 + 2 * i, self.0 + 11 + 2 * i)
+        let first = self.base + self.pods.max(2) + 8;
+        (first + 2 * i, first + 1 + 2 * i)
     }
     fn all(self) -> Vec<u16> {
-        let mut v = vec![self.pod(0), self.pod(1)];
-        for i in 0..14 {
+        let mut v: Vec<u16> = (0..self.pods).map(|i| self.pod(i)).collect();
+        for i in 0..ENVOYS {
             let (l, a) = self.envoy(i);
             v.extend([l, a]);
         }
@@ -279,8 +316,8 @@ fn url(port: u16) -> String {
 }
 
 async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Results> {
-    let sim = procs::start_sim(tools, 2, ports.pod(0))?;
-    let endpoints: Vec<SocketAddr> = (0..2)
+    let sim = procs::start_sim(tools, args.pods, ports.pod(0))?;
+    let endpoints: Vec<SocketAddr> = (0..args.pods)
         .map(|i| SocketAddr::from(([127, 0, 0, 1], ports.pod(i))))
         .collect();
     let client = load::client()?;
@@ -303,7 +340,14 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
         ports.envoy(0),
         args.workers,
     );
-    let kv_spec = spec("kvroute", "kvroute", None, ports.envoy(1), args.workers);
+    let plugin = args.kvroute_config.clone();
+    let kv_spec = spec(
+        "kvroute",
+        "kvroute",
+        plugin.clone(),
+        ports.envoy(1),
+        args.workers,
+    );
     let rr = procs::start_envoy(tools, &rr_spec, &endpoints)?;
     let kv = procs::start_envoy(tools, &kv_spec, &endpoints)?;
     let mut urls = vec![url(rr_spec.listen), url(kv_spec.listen)];
@@ -322,7 +366,7 @@ async fn measure(args: &OverheadArgs, tools: &Tools, ports: Ports) -> Result<Res
         let s = spec(
             &name,
             "kvroute",
-            None,
+            plugin.clone(),
             ports.envoy(9 + i as u16),
             args.workers,
         );
@@ -1027,13 +1071,53 @@ mod tests {
         assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }
 
+    /// `kvroute-bench overhead ARGS`, parsed.
+    fn parse(extra: &[&str]) -> std::result::Result<OverheadArgs, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            overhead: OverheadArgs,
+        }
+        let argv = std::iter::once("overhead").chain(extra.iter().copied());
+        <Cli as clap::Parser>::try_parse_from(argv).map(|c| c.overhead)
+    }
+
+    #[test]
+    fn the_pool_size_and_the_plugin_config_are_checked() {
+        let checked = |a: &[&str]| validate(&parse(a).expect("parses"));
+        assert!(checked(&[]).is_ok());
+        assert!(checked(&["--pods", "1024"]).is_ok());
+        let err = |a: &[&str]| checked(a).unwrap_err().to_string();
+        assert!(err(&["--pods", "0"]).contains("--pods"));
+        assert!(err(&["--pods", "1025"]).contains("--pods"));
+        let e = err(&["--pods", "1024", "--base-port", "64500"]);
+        assert!(e.contains("no room"), "{e}");
+        let cfg = parse(&["--kvroute-config", r#"{"metrics":{"max_scrapes_per_s":1}}"#]);
+        let cfg = cfg.expect("parses").kvroute_config.expect("given");
+        assert_eq!(cfg["metrics"]["max_scrapes_per_s"], json!(1));
+        assert!(parse(&["--kvroute-config", "[1]"]).is_err());
+    }
+
     #[test]
     fn ports_do_not_overlap() {
-        let mut all = Ports(19400).all();
-        let n = all.len();
-        all.sort_unstable();
-        all.dedup();
-        assert_eq!(all.len(), n);
+        for pods in [1, 2, 3, 1024] {
+            let ports = Ports { base: 19400, pods };
+            let mut all = ports.all();
+            let n = all.len();
+            assert_eq!(n, usize::from(pods) + 2 * usize::from(ENVOYS));
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(all.len(), n, "{pods} pods");
+        }
+        // The default run keeps its ports: pods 19400-19401, Envoys from 19410.
+        assert_eq!(
+            Ports {
+                base: 19400,
+                pods: 2
+            }
+            .envoy(0),
+            (19410, 19411)
+        );
     }
 
     #[test]
